@@ -1,0 +1,1 @@
+"""Benchmark suites for launch/bench.py, one module per suite."""

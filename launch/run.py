@@ -1,0 +1,32 @@
+"""Runs one experiment: `python launch/run.py --config experiments/NAME.py[:preset]`.
+
+Any config field can be overridden from the command line, e.g.
+`--config.rl.lr=3e-6`; a field the config does not have is an error (the config is locked).
+The config's `job` field names the recipe to run (see orchard_jax.recipes.JOBS).
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app  # noqa: E402
+from absl import logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file: experiments/NAME.py[:preset].", lock_config=True)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}; override fields with --config.FIELD=VALUE")
+  config = _CONFIG.value
+  if config is None:
+    raise app.UsageError("--config is required, e.g. --config experiments/swe_rpr.py")
+  from orchard_jax import recipes
+  logging.info("job %s with config:\n%s", config.get("job"), config)
+  recipes.run_job(config)
+
+
+if __name__ == "__main__":
+  app.run(main)

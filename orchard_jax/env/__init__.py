@@ -1,0 +1,1 @@
+"""Orchard Env: the sandbox service, its SDK and its backends."""

@@ -1,0 +1,1 @@
+"""Agent loops that act in sandboxes and reach the model over HTTP."""

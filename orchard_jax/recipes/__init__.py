@@ -1,0 +1,42 @@
+"""Pipelines that wire models, trainer, env, rollout, tasks and harness together.
+
+`launch/run.py` reads an experiment config and calls `run_job(config)`, which looks up
+`config.job` in `JOBS` and calls the recipe function it names. Recipe modules are imported
+only when their job runs, so a light job never pays for a heavy one's imports.
+"""
+import importlib
+
+from ml_collections import ConfigDict
+
+# job name -> "module:function" inside orchard_jax.recipes. One line per job.
+JOBS = {
+}
+
+
+class UnknownJobError(ValueError):
+  """Raised when a config names a job that no recipe provides."""
+
+
+def resolve_job(name: str):
+  """Returns the recipe function registered for job `name`.
+
+  Raises:
+    UnknownJobError: `name` is not in JOBS; the message lists the known jobs.
+  """
+  if name not in JOBS:
+    known = ", ".join(sorted(JOBS)) or "(none registered)"
+    raise UnknownJobError(f"config.job is {name!r}; expected one of: {known}")
+  module_name, function_name = JOBS[name].split(":")
+  module = importlib.import_module(f"orchard_jax.recipes.{module_name}")
+  return getattr(module, function_name)
+
+
+def run_job(config: ConfigDict):
+  """Runs the recipe that `config.job` names and returns what it returns.
+
+  Raises:
+    UnknownJobError: the config has no `job` field or names an unknown job.
+  """
+  if "job" not in config:
+    raise UnknownJobError("the config has no 'job' field; set config.job in get_config()")
+  return resolve_job(config.job)(config)

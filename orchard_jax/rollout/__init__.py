@@ -1,0 +1,1 @@
+"""JAX sampler, SGLang-compatible inference server, SGLang client, recording proxy."""

@@ -1,0 +1,1 @@
+"""Task domains: instances, task builders, graders."""

@@ -1,0 +1,1 @@
+"""SWE-bench-style tasks: instances, bug synthesis from real packages, evaluation."""

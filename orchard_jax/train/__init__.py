@@ -1,0 +1,1 @@
+"""The sharded trainer: train step, optimiser, orbax checkpoints, metrics."""

@@ -1,0 +1,45 @@
+"""launch/run.py: config loading, overrides, and dispatch errors, run as a user runs it."""
+import os
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(args, cwd=ROOT):
+  return subprocess.run([sys.executable, os.path.join(ROOT, "launch", "run.py"), *args],
+                        cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def _write_config(tmp_path, job):
+  path = tmp_path / "exp.py"
+  path.write_text(textwrap.dedent(f"""
+      import ml_collections
+      def get_config(preset="tiny"):
+        config = ml_collections.ConfigDict()
+        config.job = {job!r}
+        config.preset = preset
+        config.rl = ml_collections.ConfigDict(dict(lr=1e-6))
+        return config
+      """))
+  return str(path)
+
+
+def test_unknown_field_override_is_a_clear_error(tmp_path):
+  result = _run(["--config", _write_config(tmp_path, "nope"), "--config.rl.not_a_field=3"])
+  assert result.returncode != 0
+  assert "not_a_field" in result.stderr
+
+
+def test_unknown_job_names_the_known_jobs(tmp_path):
+  result = _run(["--config", _write_config(tmp_path, "no.such_job") + ":small",
+                 "--config.rl.lr=3e-6"])
+  assert result.returncode != 0
+  assert "config.job is 'no.such_job'; expected one of" in result.stderr
+
+
+def test_missing_config_flag_is_a_usage_error():
+  result = _run([])
+  assert result.returncode != 0
+  assert "--config is required" in result.stderr
