@@ -1,1 +1,15 @@
-"""Tokenizer and chat template, trajectory types and store, sequence packing."""
+"""Tokenizer and chat template, trajectory types and store, sequence packing.
+
+The data room sits at the bottom of the import graph: every other room may import it, and it
+imports no other room. See README, section "Data: tokenizer, trajectory store, packing".
+"""
+from orchard_jax.data.chat import QWEN3_CHAT_TEMPLATE
+from orchard_jax.data.errors import (
+  ChatTemplateError, DataError, PackingError, StoreError, TextOnlyRecordError, TokenizerError,
+  ToolCallParseError, TrajectoryFormatError)
+from orchard_jax.data.tokenizer import (
+  QWEN_MARKUP_TOKENS, QWEN_SPECIAL_TOKENS, TINY_VOCAB_SIZE, Tokenizer, load_tokenizer,
+  stdlib_corpus, tiny_tokenizer, tokenizer_cache_dir, train_tiny_tokenizer)
+from orchard_jax.data.tool_calls import (
+  TOOL_CALL_PARSERS, HermesToolCallParser, ParsedResponse, Qwen3XMLToolCallParser, ToolCall,
+  ToolCallError, ToolCallParser, get_tool_call_parser, parse_assistant_text, split_reasoning)
