@@ -1,0 +1,302 @@
+"""Manifests of Orchard Env on Kubernetes: the orchestrator, its RBAC, its API-key Secret,
+Redis (its shared store), and the sandbox namespace with its network policies.
+
+The orchestrator is the REST service of orchard_jax/env run with the Kubernetes backend: it
+creates one pod per sandbox in `config.sandbox_namespace` and talks to the agent inside each
+pod directly. Several replicas share sandbox and job records through Redis, so any replica can
+serve any sandbox (orchard_jax/env/state_redis.py).
+"""
+from launch.k8s import common
+
+COMPONENT = "orchard-env"
+REDIS_COMPONENT = "redis"
+SANDBOX_COMPONENT = "sandbox"
+API_KEY_FIELD = "api-keys"          # key inside the Secret: one API key per line
+
+
+def namespaces(config) -> list[dict]:
+  """The fleet's namespace and the sandbox namespace (only when config.create_namespaces)."""
+  if not config.create_namespaces:
+    return []
+  system = {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": common.metadata(config, config.namespace, "namespace")}
+  sandboxes = {"apiVersion": "v1", "kind": "Namespace",
+               "metadata": common.metadata(config, config.sandbox_namespace, SANDBOX_COMPONENT)}
+  # Sandboxes run arbitrary task images: keep them at the "baseline" Pod Security Standard
+  # (no privileged pods, host namespaces or host paths).
+  sandboxes["metadata"]["labels"].update({
+      "pod-security.kubernetes.io/enforce": "baseline",
+      "pod-security.kubernetes.io/warn": "restricted",
+  })
+  return [system, sandboxes]
+
+
+def service_account(config) -> dict:
+  return {"apiVersion": "v1", "kind": "ServiceAccount",
+          "metadata": common.metadata(config, config.env.name, COMPONENT, config.namespace),
+          "automountServiceAccountToken": True}
+
+
+def sandbox_role(config) -> dict:
+  """What the orchestrator may do in the sandbox namespace: manage pods (one per sandbox)
+  and network policies (per-sandbox egress exceptions), read events and logs."""
+  manage = ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]
+  return {
+      "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+      "metadata": common.metadata(config, f"{config.env.name}-sandboxes", COMPONENT,
+                                  config.sandbox_namespace),
+      "rules": [
+          {"apiGroups": [""], "resources": ["pods"], "verbs": manage},
+          {"apiGroups": [""], "resources": ["pods/log", "pods/status"], "verbs": ["get"]},
+          {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
+          {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
+           "verbs": manage},
+      ],
+  }
+
+
+def sandbox_role_binding(config) -> dict:
+  """Binds sandbox_role (in the sandbox namespace) to the orchestrator's ServiceAccount."""
+  return {
+      "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+      "metadata": common.metadata(config, f"{config.env.name}-sandboxes", COMPONENT,
+                                  config.sandbox_namespace),
+      "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                  "name": f"{config.env.name}-sandboxes"},
+      "subjects": [{"kind": "ServiceAccount", "name": config.env.name,
+                    "namespace": config.namespace}],
+  }
+
+
+def api_key_secret(config, api_key: str) -> dict:
+  """The Secret holding the API keys the orchestrator accepts (X-API-Key), one per line.
+
+  `fleet.py up` creates it once with a generated key (or config.env.api_key) and never
+  overwrites an existing one, so clients keep working across `up` runs.
+  """
+  return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+          "metadata": common.metadata(config, config.env.api_key_secret, COMPONENT,
+                                      config.namespace),
+          "stringData": {API_KEY_FIELD: api_key}}
+
+
+def redis_url(config) -> str:
+  """The URL the orchestrator replicas (and tools) reach Redis at, inside the cluster."""
+  host = common.service_dns(config.redis.name, config.namespace)
+  return f"redis://{host}:{config.redis.port}/0"
+
+
+def env_url(config) -> str:
+  """The in-cluster URL of the orchestrator's Service (what recipes set as the env URL)."""
+  return f"http://{common.service_dns(config.env.name, config.namespace)}:{config.env.port}"
+
+
+def _orchestrator_args(config) -> list[str]:
+  env = config.env
+  args = ["python", "-m", "orchard_jax.env", "serve",
+          "--backend", "kubernetes",
+          "--host", "0.0.0.0",
+          "--port", str(env.port),
+          "--api-key-file", "/etc/orchard-env/" + API_KEY_FIELD,
+          "--k8s-namespace", config.sandbox_namespace,
+          "--k8s-agent-image", config.image,
+          "--max-sandboxes", str(env.max_sandboxes),
+          "--k8s-creation-qps", str(env.creation_qps)]
+  if env.store == "redis":
+    args += ["--store", redis_url(config)]
+  for key, value in dict(env.sandbox_node_selector).items():
+    args += ["--k8s-node-selector", f"{key}={value}"]
+  for toleration in env.sandbox_tolerations:
+    args += ["--k8s-toleration", ",".join(f"{k}={v}" for k, v in dict(toleration).items())]
+  return args + [str(a) for a in env.extra_args]
+
+
+def orchestrator_deployment(config) -> dict:
+  """The orchestrator Deployment: `env.replicas` pods of the REST service.
+
+  Raises:
+    common.FleetError: more than one replica with the in-process ("memory") store, which
+      would give each replica its own view of the sandboxes.
+  """
+  env = config.env
+  if env.store not in ("memory", "redis"):
+    raise common.FleetError(f"env.store is {env.store!r}; expected 'memory' or 'redis'")
+  if env.replicas > 1 and env.store != "redis":
+    raise common.FleetError(
+        f"env.replicas is {env.replicas} with env.store 'memory'; several replicas must share "
+        "records: set --config.env.store=redis")
+  probe = {"httpGet": {"path": "/health", "port": "http"}}
+  container = {
+      "name": "orchestrator",
+      "image": config.image,
+      "imagePullPolicy": config.image_pull_policy,
+      "command": _orchestrator_args(config),
+      "ports": [{"name": "http", "containerPort": env.port, "protocol": "TCP"}],
+      "env": [
+          # Identifies the replica in locks and logs.
+          {"name": "ORCHARD_ENV_REPLICA", "valueFrom": {"fieldRef": {
+              "fieldPath": "metadata.name"}}},
+          {"name": "PYTHONUNBUFFERED", "value": "1"},
+      ],
+      "volumeMounts": [{"name": "api-keys", "mountPath": "/etc/orchard-env",
+                        "readOnly": True}],
+      "resources": common.resources(env.cpu, env.memory, cpu_limit=env.cpu_limit,
+                                    memory_limit=env.memory_limit),
+      "readinessProbe": dict(probe, periodSeconds=5, failureThreshold=3),
+      "livenessProbe": dict(probe, periodSeconds=20, failureThreshold=6),
+      "startupProbe": dict(probe, periodSeconds=2, failureThreshold=60),
+      "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
+                          "runAsUser": 1000, "capabilities": {"drop": ["ALL"]}},
+  }
+  selector = common.selector_labels(config, env.name)
+  pod_meta = {"labels": common.labels(config, COMPONENT, env.name)}
+  return {
+      "apiVersion": "apps/v1", "kind": "Deployment",
+      "metadata": common.metadata(config, env.name, COMPONENT, config.namespace),
+      "spec": {
+          "replicas": env.replicas,
+          "selector": {"matchLabels": selector},
+          "strategy": {"type": "RollingUpdate",
+                       "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+          "template": {
+              "metadata": pod_meta,
+              "spec": {
+                  "serviceAccountName": env.name,
+                  "containers": [container],
+                  "volumes": [{"name": "api-keys", "secret": {
+                      "secretName": env.api_key_secret,
+                      "items": [{"key": API_KEY_FIELD, "path": API_KEY_FIELD}]}}],
+                  # In-flight execs finish (or are recorded as interrupted) before exit.
+                  "terminationGracePeriodSeconds": 60,
+                  **common.image_pull(config),
+              },
+          },
+      },
+  }
+
+
+def orchestrator_service(config) -> dict:
+  """ClusterIP Service in front of the orchestrator replicas."""
+  env = config.env
+  return {
+      "apiVersion": "v1", "kind": "Service",
+      "metadata": common.metadata(config, env.name, COMPONENT, config.namespace),
+      "spec": {"type": "ClusterIP",
+               "selector": common.selector_labels(config, env.name),
+               "ports": [{"name": "http", "port": env.port, "targetPort": "http",
+                          "protocol": "TCP"}]},
+  }
+
+
+def orchestrator_disruption_budget(config) -> list[dict]:
+  """Keeps at least one replica up through node drains (only with several replicas)."""
+  if config.env.replicas < 2:
+    return []
+  return [{
+      "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+      "metadata": common.metadata(config, config.env.name, COMPONENT, config.namespace),
+      "spec": {"minAvailable": 1,
+               "selector": {"matchLabels": common.selector_labels(config, config.env.name)}},
+  }]
+
+
+def redis(config) -> list[dict]:
+  """Redis Deployment, Service and (with persistence) PersistentVolumeClaim.
+
+  Redis runs with an append-only file fsynced every second and `noeviction`, so records are
+  never dropped to make room: a full Redis fails writes loudly instead.
+  """
+  if config.env.store != "redis":
+    return []
+  r = config.redis
+  ns = config.namespace
+  objects = []
+  if r.persistence_size:
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+             "metadata": common.metadata(config, f"{r.name}-data", REDIS_COMPONENT, ns,
+                                         app_name=r.name),
+             "spec": {"accessModes": ["ReadWriteOnce"],
+                      "resources": {"requests": {"storage": r.persistence_size}}}}
+    if r.storage_class:
+      claim["spec"]["storageClassName"] = r.storage_class
+    objects.append(claim)
+    data_volume = common.pvc_volume("data", f"{r.name}-data")
+  else:
+    data_volume = {"name": "data", "emptyDir": {}}
+  probe = {"exec": {"command": ["redis-cli", "-p", str(r.port), "ping"]}}
+  container = {
+      "name": "redis",
+      "image": r.image,
+      "imagePullPolicy": "IfNotPresent",
+      "command": ["redis-server", "--port", str(r.port), "--dir", "/data",
+                  "--appendonly", "yes", "--appendfsync", "everysec",
+                  "--maxmemory-policy", "noeviction", "--protected-mode", "no"],
+      "ports": [{"name": "redis", "containerPort": r.port, "protocol": "TCP"}],
+      "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+      "resources": common.resources(r.cpu, r.memory, memory_limit=r.memory_limit),
+      "readinessProbe": dict(probe, periodSeconds=5),
+      "livenessProbe": dict(probe, periodSeconds=20, failureThreshold=6),
+  }
+  objects.append({
+      "apiVersion": "apps/v1", "kind": "Deployment",
+      "metadata": common.metadata(config, r.name, REDIS_COMPONENT, ns),
+      "spec": {
+          "replicas": 1,
+          # One writer on the data volume: never run the old and new pod together.
+          "strategy": {"type": "Recreate"},
+          "selector": {"matchLabels": common.selector_labels(config, r.name)},
+          "template": {"metadata": {"labels": common.labels(config, REDIS_COMPONENT, r.name)},
+                       "spec": {"containers": [container], "volumes": [data_volume]}},
+      },
+  })
+  objects.append({
+      "apiVersion": "v1", "kind": "Service",
+      "metadata": common.metadata(config, r.name, REDIS_COMPONENT, ns),
+      "spec": {"type": "ClusterIP", "selector": common.selector_labels(config, r.name),
+               "ports": [{"name": "redis", "port": r.port, "targetPort": "redis",
+                          "protocol": "TCP"}]},
+  })
+  return objects
+
+
+def sandbox_network_policies(config) -> list[dict]:
+  """The sandbox namespace's baseline: no egress at all, ingress only from the orchestrator.
+
+  A sandbox created with network allowed gets its own egress exception from the Kubernetes
+  backend; NetworkPolicies are additive, so the exception opens only that pod.
+  """
+  ns = config.sandbox_namespace
+  deny_egress = {
+      "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+      "metadata": common.metadata(config, "deny-egress", SANDBOX_COMPONENT, ns),
+      "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": []},
+  }
+  orchestrator_only = {
+      "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+      "metadata": common.metadata(config, "ingress-from-orchestrator", SANDBOX_COMPONENT, ns),
+      "spec": {
+          "podSelector": {},
+          "policyTypes": ["Ingress"],
+          "ingress": [{"from": [{
+              "namespaceSelector": {"matchLabels": {
+                  "kubernetes.io/metadata.name": config.namespace}},
+              "podSelector": {"matchLabels": common.selector_labels(config, config.env.name)},
+          }]}],
+      },
+  }
+  return [deny_egress, orchestrator_only]
+
+
+def render(config, api_key: str) -> list[dict]:
+  """Every Orchard Env object, in the order `up` applies them."""
+  return [
+      service_account(config),
+      sandbox_role(config),
+      sandbox_role_binding(config),
+      *sandbox_network_policies(config),
+      api_key_secret(config, api_key),
+      *redis(config),
+      orchestrator_deployment(config),
+      orchestrator_service(config),
+      *orchestrator_disruption_budget(config),
+  ]

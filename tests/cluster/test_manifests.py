@@ -1,0 +1,238 @@
+"""Every manifest the fleet renders validates against the Kubernetes JSON schemas
+(kubernetes-validate, strict: unknown fields are errors), for the default and cluster presets,
+and the objects agree with each other (selectors, ports, names, RBAC subjects)."""
+import os
+import subprocess
+import sys
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from launch import k8s
+from launch.k8s import config as fleet_config
+from launch.k8s import env_service
+from launch.k8s import sglang
+from launch.k8s import training
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The oldest Kubernetes minor the manifests support (batch.kubernetes.io/job-name labels and
+# Indexed Jobs are GA there) and the newest the validator ships.
+VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
+
+
+def _all(preset):
+  config = fleet_config.get_config(preset)
+  return config, k8s.render_fleet(config, api_key="k") + k8s.training_job(config)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("preset", fleet_config.PRESETS)
+def test_every_manifest_validates_against_the_kubernetes_schemas(preset, version):
+  _, objects = _all(preset)
+  assert len(objects) >= 15
+  for obj in objects:
+    # Raises ValidationError (or SchemaNotFoundError for a kind Kubernetes does not have).
+    kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_the_validator_rejects_a_broken_manifest():
+  """Negative control: the schema check above is not vacuous."""
+  config = fleet_config.get_config("default")
+  deployment = env_service.orchestrator_deployment(config)
+  deployment["spec"]["replica"] = 2                       # misspelt field
+  with pytest.raises(kubernetes_validate.ValidationError):
+    kubernetes_validate.validate(deployment, VERSIONS[-1], strict=True)
+  job = k8s.training_job(config)[1]
+  job["spec"]["completions"] = "four"                      # wrong type
+  with pytest.raises(kubernetes_validate.ValidationError):
+    kubernetes_validate.validate(job, VERSIONS[-1], strict=True)
+
+
+@pytest.mark.parametrize("preset", fleet_config.PRESETS)
+def test_names_are_unique_and_every_object_carries_the_fleet_labels(preset):
+  config, objects = _all(preset)
+  keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects]
+  assert len(keys) == len(set(keys))
+  for obj in objects:
+    got = obj["metadata"]["labels"]
+    assert got["app.kubernetes.io/instance"] == config.name
+    assert got["app.kubernetes.io/managed-by"] == "orchard-fleet"
+
+
+def _pods(objects):
+  """(namespace, pod template labels, pod spec) of every workload."""
+  for obj in objects:
+    if obj["kind"] in ("Deployment", "Job"):
+      template = obj["spec"]["template"]
+      yield obj["metadata"]["namespace"], template["metadata"]["labels"], template["spec"], obj
+
+
+@pytest.mark.parametrize("preset", fleet_config.PRESETS)
+def test_every_service_selects_the_pods_it_fronts_on_a_port_they_expose(preset):
+  _, objects = _all(preset)
+  pods = list(_pods(objects))
+  for service in (o for o in objects if o["kind"] == "Service"):
+    ns, selector = service["metadata"]["namespace"], service["spec"]["selector"]
+    matched = [spec for pod_ns, labels, spec, _ in pods
+               if pod_ns == ns and all(labels.get(k) == v for k, v in selector.items())]
+    if service["metadata"]["labels"]["app.kubernetes.io/component"] == "training":
+      # The Job controller adds batch.kubernetes.io/job-name=<job> to its pods.
+      job = next(o for o in objects if o["kind"] == "Job")
+      assert selector == {"batch.kubernetes.io/job-name": job["metadata"]["name"]}
+      matched = [job["spec"]["template"]["spec"]]
+    assert matched, f"Service {service['metadata']['name']} selects no pod"
+    container_ports = {p["name"]: p["containerPort"] for spec in matched
+                       for c in spec["containers"] for p in c.get("ports", [])}
+    for port in service["spec"]["ports"]:
+      target = port["targetPort"]
+      assert target in container_ports or target in container_ports.values(), port
+
+
+@pytest.mark.parametrize("preset", fleet_config.PRESETS)
+def test_workloads_mount_only_volumes_their_pod_declares(preset):
+  _, objects = _all(preset)
+  claims = {o["metadata"]["name"] for o in objects if o["kind"] == "PersistentVolumeClaim"}
+  for _, _, spec, obj in _pods(objects):
+    declared = {v["name"]: v for v in spec.get("volumes", [])}
+    for container in spec["containers"]:
+      for mount in container.get("volumeMounts", []):
+        assert mount["name"] in declared, (obj["metadata"]["name"], mount)
+    for volume in declared.values():
+      if "persistentVolumeClaim" in volume:
+        assert volume["persistentVolumeClaim"]["claimName"] in claims
+
+
+def test_training_job_gives_every_pod_what_jax_distributed_initialize_needs():
+  config = fleet_config.get_config("cluster")
+  service, job = k8s.training_job(config, name="rpr-a", overrides=["--config.rl.lr=3e-6"])
+  spec = job["spec"]
+  assert spec["completionMode"] == "Indexed"
+  assert spec["completions"] == spec["parallelism"] == config.training.num_hosts == 4
+  pod = spec["template"]["spec"]
+  # An Indexed Job's pod i has hostname "<job>-i"; with subdomain == the headless Service's
+  # name its DNS name is "<job>-i.<service>.<namespace>.svc.cluster.local".
+  assert service["spec"]["clusterIP"] == "None"
+  assert pod["subdomain"] == service["metadata"]["name"] == "rpr-a"
+  env = {e["name"]: e for e in pod["containers"][0]["env"]}
+  assert env["JAX_COORDINATOR_ADDRESS"]["value"] == (
+      f"rpr-a-0.rpr-a.{config.namespace}.svc.cluster.local:{config.training.coordinator_port}")
+  assert env["JAX_NUM_PROCESSES"]["value"] == "4"
+  assert env["JAX_PROCESS_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+      "metadata.annotations['batch.kubernetes.io/job-completion-index']")
+  assert env["ORCHARD_ENV_URL"]["value"] == env_service.env_url(config)
+  assert env["ORCHARD_ENV_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == (
+      config.env.api_key_secret)
+  assert env["ORCHARD_SGLANG_POLICY_URL"]["value"] == sglang.server_url(config, "policy")
+  assert "ORCHARD_SGLANG_TEACHER_URL" not in env          # teacher is disabled by default
+  command = pod["containers"][0]["command"]
+  assert command[:4] == ["python", "launch/run.py", "--config", "experiments/swe_rpr.py:cluster"]
+  assert command[-1] == "--config.rl.lr=3e-6"
+  limits = pod["containers"][0]["resources"]["limits"]
+  assert limits["nvidia.com/gpu"] == "8"
+
+
+def test_training_job_names_must_be_dns_labels():
+  config = fleet_config.get_config("default")
+  for bad in ("Upper", "has_underscore", "9starts-with-digit", "x" * 60):
+    with pytest.raises(k8s.FleetError, match="DNS label"):
+      training.training_job(config, name=bad)
+
+
+def test_sglang_servers_run_sglangs_launch_command_on_tp_times_dp_gpus():
+  config = fleet_config.get_config("cluster")
+  config.sglang.servers.teacher.enabled = True
+  objects = sglang.render(config)
+  deployments = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Deployment"}
+  assert set(deployments) == {"sglang-policy", "sglang-teacher"}
+  for name, server in (("sglang-policy", config.sglang.servers.policy),
+                       ("sglang-teacher", config.sglang.servers.teacher)):
+    container = deployments[name]["spec"]["template"]["spec"]["containers"][0]
+    command = container["command"]
+    assert command[:3] == ["python3", "-m", "sglang.launch_server"]
+    flags = dict(zip(command[3::2], command[4::2]))
+    assert flags["--model-path"] == server.model_path
+    assert flags["--tp"] == str(server.tp)
+    assert flags["--port"] == str(server.port)
+    assert flags["--host"] == "0.0.0.0"
+    gpus = container["resources"]["limits"]["nvidia.com/gpu"]
+    assert gpus == container["resources"]["requests"]["nvidia.com/gpu"] == str(
+        server.tp * server.dp)
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+      assert container[probe]["httpGet"]["path"] == "/health"
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/models"]["readOnly"] is True
+    assert "/dev/shm" in mounts
+    assert deployments[name]["spec"]["replicas"] == server.replicas
+
+
+def test_sglang_rejects_inconsistent_parallelism():
+  config = fleet_config.get_config("cluster")
+  config.sglang.servers.policy.ep = 3
+  with pytest.raises(k8s.FleetError, match="ep=3"):
+    sglang.render(config)
+
+
+def test_sandbox_namespace_denies_egress_and_admits_only_the_orchestrator():
+  config = fleet_config.get_config("cluster")
+  policies = {p["metadata"]["name"]: p for p in env_service.sandbox_network_policies(config)}
+  deny = policies["deny-egress"]
+  assert deny["metadata"]["namespace"] == config.sandbox_namespace
+  # An empty podSelector selects every pod; Egress with no rules allows no egress at all.
+  assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Egress"], "egress": []}
+  ingress = policies["ingress-from-orchestrator"]["spec"]["ingress"][0]["from"][0]
+  orchestrator = env_service.orchestrator_deployment(config)
+  pod_labels = orchestrator["spec"]["template"]["metadata"]["labels"]
+  assert all(pod_labels[k] == v for k, v in ingress["podSelector"]["matchLabels"].items())
+  assert ingress["namespaceSelector"]["matchLabels"] == {
+      "kubernetes.io/metadata.name": orchestrator["metadata"]["namespace"]}
+
+
+def test_orchestrator_may_manage_sandbox_pods_and_policies_and_nothing_cluster_wide():
+  config = fleet_config.get_config("cluster")
+  role, binding = env_service.sandbox_role(config), env_service.sandbox_role_binding(config)
+  account = env_service.service_account(config)
+  deployment = env_service.orchestrator_deployment(config)
+  assert role["kind"] == "Role" and role["metadata"]["namespace"] == config.sandbox_namespace
+  grants = {(g, r): set(rule["verbs"]) for rule in role["rules"]
+            for g in rule["apiGroups"] for r in rule["resources"]}
+  for resource in (("", "pods"), ("networking.k8s.io", "networkpolicies")):
+    assert {"create", "delete", "get", "list", "watch"} <= grants[resource]
+  assert binding["roleRef"]["name"] == role["metadata"]["name"]
+  assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                  "namespace": account["metadata"]["namespace"]}]
+  assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == (
+      account["metadata"]["name"])
+
+
+def test_presets_differ_in_scale_and_store():
+  default, cluster = (fleet_config.get_config(p) for p in fleet_config.PRESETS)
+  kinds = lambda c: [o["kind"] for o in env_service.redis(c)]  # noqa: E731
+  assert kinds(default) == []                                   # in-process store
+  assert sorted(kinds(cluster)) == ["Deployment", "PersistentVolumeClaim", "Service"]
+  command = env_service.orchestrator_deployment(cluster)["spec"]["template"]["spec"][
+      "containers"][0]["command"]
+  assert command[command.index("--store") + 1] == env_service.redis_url(cluster)
+  assert env_service.orchestrator_deployment(cluster)["spec"]["replicas"] == 3
+  default.env.replicas = 2                                      # memory store, 2 replicas
+  with pytest.raises(k8s.FleetError, match="env.store=redis"):
+    env_service.orchestrator_deployment(default)
+  with pytest.raises(ValueError, match="expected one of"):
+    fleet_config.get_config("huge")
+
+
+def test_dry_run_prints_the_manifests_with_config_overrides():
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch", "fleet.py"), "up", "--dry-run",
+       "--config", os.path.join(ROOT, "launch", "k8s", "config.py") + ":cluster",
+       "--config.sglang.servers.policy.replicas=7"],
+      capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert result.returncode == 0, result.stderr
+  documents = list(yaml.safe_load_all(result.stdout))
+  expected = k8s.render_fleet(fleet_config.get_config("cluster"))
+  assert [d["kind"] for d in documents] == [o["kind"] for o in expected]
+  policy = next(d for d in documents if d["metadata"]["name"] == "sglang-policy"
+                and d["kind"] == "Deployment")
+  assert policy["spec"]["replicas"] == 7
+  secret = next(d for d in documents if d["kind"] == "Secret")
+  assert secret["stringData"][env_service.API_KEY_FIELD] == k8s.DRY_RUN_API_KEY
