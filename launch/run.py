@@ -23,6 +23,12 @@ def main(argv):
   config = _CONFIG.value
   if config is None:
     raise app.UsageError("--config is required, e.g. --config experiments/swe_rpr.py")
+  # On a multi-host Job (launch/k8s/training.py) join the other hosts before any device use.
+  from orchard_jax.parallel import distributed
+  if distributed.initialize_from_env():
+    import jax
+    logging.info("process %d of %d joined the multi-host run", jax.process_index(),
+                 jax.process_count())
   from orchard_jax import recipes
   logging.info("job %s with config:\n%s", config.get("job"), config)
   recipes.run_job(config)
