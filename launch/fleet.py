@@ -3,13 +3,15 @@
   python launch/fleet.py up      [--config launch/k8s/config.py:cluster] [--dry-run]
   python launch/fleet.py status  [--config ...]
   python launch/fleet.py train   [--config ...] [--job-name NAME] [--set rl.lr=3e-6 ...] [--dry-run]
+  python launch/fleet.py weights --repo Qwen/Qwen3.5-35B-A3B --folder qwen3_5_35b_a3b [--dry-run]
   python launch/fleet.py down    [--config ...] [--delete-volumes] [--dry-run]
 
 `up` applies (server-side apply) the long-lived objects: namespaces, the model and checkpoint
 volumes, Orchard Env (orchestrator Deployment and Service, RBAC, API-key Secret, Redis), the
 sandbox namespace's network policies, and the SGLang servers. `train` submits one training
 run (an Indexed Job under jax.distributed); each `--set FIELD=VALUE` becomes an experiment
-override `--config.FIELD=VALUE` of launch/run.py in the Job. `status` reports every object and exits 1 when something is missing or not ready.
+override `--config.FIELD=VALUE` of launch/run.py in the Job. `weights` submits a Job that
+downloads a Hugging Face model into the models volume (SGLang's --model-path reads it there). `status` reports every object and exits 1 when something is missing or not ready.
 `down` deletes what `up` and `train` created, keeping the volumes (and the namespace that holds
 them) unless `--delete-volumes` is given. `--dry-run` prints the manifests as YAML and
 touches nothing. Fleet fields are overridden like experiment fields: `--config.env.replicas=5`.
@@ -48,7 +50,11 @@ _SET = flags.DEFINE_multi_string(
 _WAIT = flags.DEFINE_integer("wait", 0, "up: seconds to wait for every Deployment to be "
                              "ready (0: do not wait).")
 
-COMMANDS = ("up", "down", "status", "train")
+_REPO = flags.DEFINE_string("repo", None, "weights: Hugging Face model, owner/name.")
+_FOLDER = flags.DEFINE_string("folder", None, "weights: folder on the models volume.")
+_REVISION = flags.DEFINE_string("revision", "", "weights: branch, tag or commit (default: main).")
+
+COMMANDS = ("up", "down", "status", "train", "weights")
 
 
 def _say(text: str) -> None:
@@ -141,6 +147,24 @@ def train(client: kube.KubeClient, config, *, name=None, overrides=()) -> list[d
   return [service, job]
 
 
+def weights(client: kube.KubeClient, config, *, repo_id: str, folder: str,
+            revision: str = "") -> dict:
+  """Submits the Job that downloads `repo_id` into the models volume's `folder`.
+
+  Raises:
+    FleetError: a bad repo or folder name, or a download Job for `folder` already exists.
+  """
+  job = k8s.storage.weights_job(config, repo_id, folder, revision=revision)
+  name = job["metadata"]["name"]
+  if client.read("Job", name, config.namespace) is not None:
+    raise common.FleetError(f"Job {config.namespace}/{name} exists (a download of {folder!r} "
+                            f"is running or finished); delete it first to download again")
+  client.create(job)
+  _say(f"created {kube.describe(job)}; follow it with: kubectl -n {config.namespace} logs -f "
+       f"job/{name}")
+  return job
+
+
 # --- status -----------------------------------------------------------------------------
 
 
@@ -225,7 +249,8 @@ def _training_selector(config) -> str:
 
 
 def down(client: kube.KubeClient, config, *, delete_volumes: bool = False) -> list[str]:
-  """Deletes the fleet: training Jobs and their Services, then every rendered object in
+  """Deletes the fleet: its Jobs (training runs, weight downloads) and the training runs'
+  Services, then every rendered object in
   reverse order. Volumes, and the fleet namespace that holds them, stay unless
   `delete_volumes`. Namespaces are deleted only when labelled as created by this fleet.
 
@@ -233,10 +258,12 @@ def down(client: kube.KubeClient, config, *, delete_volumes: bool = False) -> li
     descriptions of the objects deleted.
   """
   deleted = []
-  for kind in ("Job", "Service"):
-    for obj in client.list(kind, config.namespace, _training_selector(config)):
+  for kind, selector in (("Job", common.fleet_selector(config)),
+                         ("Service", _training_selector(config))):
+    for obj in client.list(kind, config.namespace, selector):
       if client.delete(kind, obj["metadata"]["name"], config.namespace):
         deleted.append(kube.describe(dict(obj, kind=kind)))
+        _say(f"deleted {deleted[-1]}")
   for obj in reversed(k8s.render_fleet(config)):
     kind, meta = obj["kind"], obj["metadata"]
     if kind == "PersistentVolumeClaim" and not delete_volumes:
@@ -255,6 +282,12 @@ def down(client: kube.KubeClient, config, *, delete_volumes: bool = False) -> li
       deleted.append(kube.describe(obj))
       _say(f"deleted {kube.describe(obj)}")
   return deleted
+
+
+def _required(holder, name: str) -> str:
+  if not holder.value:
+    raise app.UsageError(f"`weights` needs --{name}")
+  return holder.value
 
 
 def experiment_override(text: str) -> str:
@@ -288,6 +321,10 @@ def main(argv):
     if _DRY_RUN.value:
       if command == "train":
         manifests = k8s.training_job(config, name=_JOB_NAME.value, overrides=extra)
+      elif command == "weights":
+        manifests = [k8s.storage.weights_job(config, _required(_REPO, "repo"),
+                                             _required(_FOLDER, "folder"),
+                                             revision=_REVISION.value)]
       else:
         manifests = k8s.render_fleet(config)
       sys.stdout.write(k8s.to_yaml(manifests))
@@ -297,6 +334,9 @@ def main(argv):
         up(client, config, wait_seconds=_WAIT.value)
       elif command == "train":
         train(client, config, name=_JOB_NAME.value, overrides=extra)
+      elif command == "weights":
+        weights(client, config, repo_id=_required(_REPO, "repo"),
+                folder=_required(_FOLDER, "folder"), revision=_REVISION.value)
       elif command == "down":
         down(client, config, delete_volumes=_DELETE_VOLUMES.value)
       else:

@@ -38,6 +38,11 @@ def get_config(preset: str = "default") -> ml_collections.ConfigDict:
   c.sglang = _sglang_config(preset)
   c.training = _training_config(preset)
   c.volumes = _volumes_config(preset)
+  # `fleet.py weights REPO FOLDER`: a Job that downloads a model into the models volume.
+  c.weights = ml_collections.ConfigDict(dict(
+      image="",                 # default: sglang.image (it ships huggingface_hub)
+      hf_token_secret="",       # Secret with key "token", for gated models
+      cpu="4", memory="16Gi"))
   return c
 
 

@@ -110,6 +110,11 @@ def test_train_submits_an_indexed_job_once_and_down_removes_the_fleet(fake_kube)
     with pytest.raises(k8s.FleetError, match="exists; pass another --job-name"):
       fleet.train(client, config, name="rpr-1")
 
+    fleet.weights(client, config, repo_id="Qwen/Qwen3-30B-A3B", folder="qwen3")
+    assert fake_kube.get("Job", "weights-qwen3", config.namespace) is not None
+    with pytest.raises(k8s.FleetError, match="exists"):
+      fleet.weights(client, config, repo_id="Qwen/Qwen3-30B-A3B", folder="qwen3")
+
     fleet.down(client, config)
     left = set(fake_kube.objects)
     volumes = {k for k in _keys(k8s.render_fleet(config)) if k[0] == "PersistentVolumeClaim"}

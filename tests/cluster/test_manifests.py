@@ -23,7 +23,8 @@ VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
 
 def _all(preset):
   config = fleet_config.get_config(preset)
-  return config, k8s.render_fleet(config, api_key="k") + k8s.training_job(config)
+  weights = k8s.storage.weights_job(config, "Qwen/Qwen3-30B-A3B", "qwen3_30b_a3b")
+  return config, k8s.render_fleet(config, api_key="k") + k8s.training_job(config) + [weights]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -236,3 +237,17 @@ def test_dry_run_prints_the_manifests_with_config_overrides():
   assert policy["spec"]["replicas"] == 7
   secret = next(d for d in documents if d["kind"] == "Secret")
   assert secret["stringData"][env_service.API_KEY_FIELD] == k8s.DRY_RUN_API_KEY
+
+
+def test_weights_job_downloads_into_the_folder_sglang_reads():
+  config = fleet_config.get_config("cluster")
+  job = k8s.storage.weights_job(config, "Qwen/Qwen3.5-35B-A3B", "qwen3_5_35b_a3b")
+  container = job["spec"]["template"]["spec"]["containers"][0]
+  destination = container["command"][4]
+  assert destination == config.sglang.servers.policy.model_path == "/models/qwen3_5_35b_a3b"
+  assert container["command"][3] == "Qwen/Qwen3.5-35B-A3B"
+  mount = container["volumeMounts"][0]
+  assert mount["mountPath"] == "/models" and not mount.get("readOnly")
+  for repo, folder in (("not a repo", "x"), ("Qwen/Qwen3", "../etc"), ("Qwen/Qwen3", "a/b")):
+    with pytest.raises(k8s.FleetError, match="expected"):
+      k8s.storage.weights_job(config, repo, folder)
