@@ -31,7 +31,7 @@ def get_config(preset: str = "default") -> ml_collections.ConfigDict:
   # The project's image (launch/k8s/Dockerfile): orchestrator, in-sandbox agent, trainer.
   c.image = "orchard-jax:latest"
   c.image_pull_policy = "IfNotPresent"
-  c.image_pull_secrets = []                 # names of docker-registry Secrets, if private
+  c.image_pull_secrets = ()                 # names of docker-registry Secrets, if private
 
   c.env = _env_config(preset)
   c.redis = _redis_config(preset)
@@ -63,10 +63,10 @@ def _env_config(preset: str) -> ml_collections.ConfigDict:
       memory_limit="8Gi" if cluster else "2Gi",
       # Sandbox pods (created by the orchestrator's Kubernetes backend).
       sandbox_node_selector={},             # e.g. {"orchard.dev/pool": "sandboxes"}
-      sandbox_tolerations=[],               # e.g. [{"key": "sandbox", "operator": "Exists"}]
+      sandbox_tolerations=(),               # e.g. ({"key": "sandbox", "operator": "Exists"},)
       max_sandboxes=2000 if cluster else 64,
       creation_qps=50.0 if cluster else 5.0,  # pod creations per second (throttle)
-      extra_args=[],
+      extra_args=(),
   ))
 
 
@@ -105,7 +105,7 @@ def _sglang_server(**overrides) -> ml_collections.ConfigDict:
       startup_seconds=1800,                  # how long loading weights may take
       tool_call_parser="qwen25",
       reasoning_parser="qwen3",
-      extra_args=[],
+      extra_args=(),
   )
   server.update(overrides)
   return ml_collections.ConfigDict(server)
@@ -131,7 +131,7 @@ def _sglang_config(preset: str) -> ml_collections.ConfigDict:
       image="lmsysorg/sglang:latest",        # pin a release tag in production
       gpu_resource="nvidia.com/gpu",
       node_selector={},
-      tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+      tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
       servers=servers,
   ))
 
@@ -143,7 +143,7 @@ def _training_config(preset: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       name="orchard-train",
       experiment="experiments/swe_rpr.py:cluster",
-      overrides=[],                          # e.g. ["--config.rl.lr=3e-6"]
+      overrides=(),                          # e.g. ["--config.rl.lr=3e-6"]
       num_hosts=4 if cluster else 1,
       accelerator_resource="nvidia.com/gpu",  # "google.com/tpu" on TPU node pools
       accelerators_per_host=8 if cluster else 1,
@@ -152,7 +152,7 @@ def _training_config(preset: str) -> ml_collections.ConfigDict:
       memory="1000Gi" if cluster else "64Gi",
       shm_size="64Gi" if cluster else "8Gi",
       node_selector={},
-      tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+      tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
       backoff_limit=0,                       # a lost host fails the step for every host
       ttl_seconds_after_finished=7 * 24 * 3600,
       extra_env={},
