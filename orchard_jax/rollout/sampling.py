@@ -1,0 +1,114 @@
+"""Next-token sampling: temperature, top-k, top-p, min-p, per-row seeds, and recorded log-probs.
+
+Pure jax functions on [batch, vocab] logits, used inside the engine's jitted decode step. Every
+row carries its own settings, so requests with different sampling parameters share a batch.
+
+The recorded log-prob of a sampled token is log_softmax(logits)[token] of the model's raw
+logits in float32: temperature 1, no top-k/top-p/min-p truncation. That is what the trainer's
+forward pass computes for the same ids (CONTRACTS.md, token alignment), so the recorded
+`old_logprobs` and the trainer's recomputation agree to float32 rounding whatever temperature
+the rollout used. (Importance ratios for a tempered or truncated sampler would need the sampling
+distribution instead; the project trains on the raw policy, as the Orchard recipes do.)
+
+Randomness is a function of (request seed, position): row b's key at a step is
+fold_in(PRNGKey(seed_b), position_b). A request with a fixed seed therefore samples the same
+tokens whatever batch it shares, and in whichever bucket it lands.
+"""
+from __future__ import annotations
+
+import enum
+
+import jax
+import jax.numpy as jnp
+
+
+class SamplingMode(enum.Enum):
+  """Which sampling code a batch needs (a static argument of the jitted step).
+
+  GREEDY: every row is greedy (temperature 0): argmax only.
+  SAMPLE: plain temperature sampling, no truncation in any row.
+  FILTERED: some row uses top-k, top-p or min-p: a per-row sort of the vocabulary.
+  """
+  GREEDY = "greedy"
+  SAMPLE = "sample"
+  FILTERED = "filtered"
+
+
+def row_keys(seeds: jax.Array, positions: jax.Array) -> jax.Array:
+  """Per-row PRNG keys from seeds [batch] (uint32) and positions [batch] (int32) -> [batch, 2]."""
+  return jax.vmap(lambda s, p: jax.random.fold_in(jax.random.PRNGKey(s), p))(seeds, positions)
+
+
+def truncate_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array,
+                    min_p: jax.Array) -> jax.Array:
+  """Set to -inf every logit outside each row's top-k / top-p nucleus / min-p set.
+
+  Definitions (as in SGLang's sampler and the Hugging Face warpers): top-k keeps the k largest;
+  top-p keeps the smallest prefix of the sorted distribution whose mass reaches top_p (the
+  most likely token always stays); min-p keeps tokens with p >= min_p * max p. Ties at a
+  top-k boundary keep the earlier index (stable sort).
+
+  Args:
+    logits: [batch, vocab] float32, already divided by the temperature.
+    top_k: [batch] int32; 0 or less keeps all tokens.
+    top_p: [batch] float32 in (0, 1]; 1 keeps all.
+    min_p: [batch] float32 in [0, 1]; 0 keeps all.
+  Returns:
+    [batch, vocab] float32 logits with the excluded tokens at -inf.
+  """
+  vocab = logits.shape[-1]
+  order = jnp.argsort(-logits, axis=-1, stable=True)
+  sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+  probs = jax.nn.softmax(sorted_logits, axis=-1)
+  rank = jnp.arange(vocab)[None, :]
+  k = jnp.where(top_k > 0, top_k, vocab)[:, None]
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  keep = (rank < k) & ((mass_before < top_p[:, None]) | (rank == 0))
+  keep &= probs >= min_p[:, None] * probs[:, :1]
+  keep_sorted = jnp.where(keep, sorted_logits, -jnp.inf)
+  # Scatter back to vocabulary order.
+  inverse = jnp.argsort(order, axis=-1)
+  return jnp.take_along_axis(keep_sorted, inverse, axis=-1)
+
+
+def sample_next(logits: jax.Array, keys: jax.Array, temperature: jax.Array,
+                top_k: jax.Array, top_p: jax.Array, min_p: jax.Array,
+                mode: SamplingMode) -> tuple[jax.Array, jax.Array]:
+  """Sample one token per row and return it with its recorded log-prob.
+
+  Args:
+    logits: [batch, vocab] float32 raw model logits at the last position.
+    keys: [batch, 2] uint32 PRNG keys (see `row_keys`).
+    temperature: [batch] float32; 0 = greedy for that row.
+    top_k, top_p, min_p: [batch] per-row truncation (see `truncate_logits`).
+    mode: static; GREEDY ignores keys and truncation, SAMPLE ignores truncation.
+  Returns:
+    tokens [batch] int32 and logprobs [batch] float32 = log_softmax(logits)[token] (raw
+    distribution, see the module docstring).
+  """
+  logits = logits.astype(jnp.float32)
+  logprobs_all = jax.nn.log_softmax(logits, axis=-1)
+  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  if mode is SamplingMode.GREEDY:
+    tokens = greedy
+  else:
+    scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
+    if mode is SamplingMode.FILTERED:
+      scaled = truncate_logits(scaled, top_k, top_p, min_p)
+    sampled = jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
+    tokens = jnp.where(temperature > 0, sampled, greedy)
+  chosen = jnp.take_along_axis(logprobs_all, tokens[:, None], axis=-1)[:, 0]
+  return tokens, chosen
+
+
+def top_logprobs(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """The k most likely tokens of each row and their raw log-probs.
+
+  Args:
+    logits: [batch, vocab] float32.
+    k: static count.
+  Returns:
+    values [batch, k] float32 log-probs (descending) and ids [batch, k] int32.
+  """
+  values, ids = jax.lax.top_k(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), k)
+  return values, ids.astype(jnp.int32)
