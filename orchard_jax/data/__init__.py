@@ -13,3 +13,7 @@ from orchard_jax.data.tokenizer import (
 from orchard_jax.data.tool_calls import (
   TOOL_CALL_PARSERS, HermesToolCallParser, ParsedResponse, Qwen3XMLToolCallParser, ToolCall,
   ToolCallError, ToolCallParser, get_tool_call_parser, parse_assistant_text, split_reasoning)
+from orchard_jax.data.records import CHAT_ROLES, ModelCall, Trajectory, chat_messages
+from orchard_jax.data.sequences import (
+  TrainingSequence, sequences_from_model_calls, sft_sequences_from_messages)
+from orchard_jax.data.store import TrajectoryStore
