@@ -1,0 +1,226 @@
+"""Runs a grid of one experiment: `python launch/sweep.py --config experiments/NAME.py[:preset]
+--sweep FIELD=V1,V2 [--sweep FIELD=V1,V2 ...] [--config.FIELD=VALUE ...] [--render]`.
+
+Each `--sweep` names a config field and its values; the grid is their Cartesian product (the
+first --sweep varies slowest). Fixed `--config.FIELD=VALUE` overrides apply to every point.
+Without `--render` the points run here one after another, each as its own
+`launch/run.py` process (so one point's failure or memory does not touch the next); the exit
+status is non-zero when any point failed. With `--render` nothing runs: one Kubernetes training
+Job per point (launch/k8s/training.py, multi-host under jax.distributed) is printed as YAML
+for `kubectl apply -f -`, using the fleet config given by `--fleet` (default the cluster
+preset). Every field and value is checked against the experiment's config before anything
+runs or renders.
+
+  python launch/sweep.py --config experiments/swe_rpr.py --sweep rl.rpr_alpha=0.25,0.5 \\
+      --sweep rl.lr=1e-6,3e-6
+  python launch/sweep.py --config experiments/swe_rpr.py:cluster --sweep rl.lr=1e-6,3e-6 \\
+      --render | kubectl apply -f -
+"""
+import dataclasses
+import itertools
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+from ml_collections.config_flags import config_path  # noqa: E402
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file: experiments/NAME.py[:preset].", lock_config=True)
+_FLEET = config_flags.DEFINE_config_file(
+    "fleet", os.path.join(_HERE, "k8s", "config.py") + ":cluster",
+    "--render: fleet config (launch/k8s/config.py[:default|cluster]).", lock_config=True)
+_SWEEP = flags.DEFINE_multi_string("sweep", [], "FIELD=V1,V2,...: a swept config field.")
+_RENDER = flags.DEFINE_bool("render", False, "Print one Kubernetes Job per point; run nothing.")
+_NAME = flags.DEFINE_string("name", None, "--render: Job name prefix (default: the "
+                            "experiment file's name, e.g. swe-rpr).")
+
+
+class SweepError(ValueError):
+  """A --sweep argument names no field of the config, or a value of the wrong type."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Axis:
+  """One swept field and the values it takes, as command-line text."""
+  field: str
+  values: tuple[str, ...]
+
+
+def parse_axis(text: str) -> Axis:
+  """"rl.lr=1e-6,3e-6" -> Axis("rl.lr", ("1e-6", "3e-6")).
+
+  Raises:
+    SweepError: not FIELD=V1[,V2...], or a value is empty or repeated.
+  """
+  field, sep, values = text.partition("=")
+  field = field.strip().removeprefix("--config.").removeprefix("config.")
+  parts = tuple(v.strip() for v in values.split(","))
+  if not sep or not field or not all(parts):
+    raise SweepError(f"--sweep takes FIELD=V1,V2,...; saw {text!r}")
+  if len(set(parts)) != len(parts):
+    raise SweepError(f"--sweep {field} repeats a value: {values!r}")
+  return Axis(field, parts)
+
+
+def grid(axes: list[Axis]) -> list[list[tuple[str, str]]]:
+  """Every point of the grid as [(field, value), ...]; the first axis varies slowest.
+
+  Raises:
+    SweepError: a field is swept twice.
+  """
+  fields = [a.field for a in axes]
+  if len(set(fields)) != len(fields):
+    raise SweepError(f"a field is swept twice: {fields}")
+  return [list(zip(fields, values)) for values in itertools.product(*(a.values for a in axes))]
+
+
+def check_point(config, point: list[tuple[str, str]]) -> None:
+  """Applies the point's values to a copy of `config`, as launch/run.py would.
+
+  Raises:
+    SweepError: a field the config does not have, or a value its type cannot parse.
+  """
+  trial = config.copy_and_resolve_references()
+  for field, text in point:
+    try:
+      current = config_path.get_value(field, trial)
+    except (KeyError, AttributeError, IndexError) as e:
+      raise SweepError(f"--sweep {field}: the config has no such field ({e})") from None
+    try:
+      config_path.set_value(field, trial, _parse_like(current, text))
+    except (TypeError, ValueError) as e:
+      raise SweepError(f"--sweep {field}={text}: {e}") from None
+
+
+def _parse_like(current, text: str):
+  if isinstance(current, bool):
+    lowered = text.lower()
+    if lowered not in ("true", "false", "1", "0"):
+      raise ValueError(f"expected true or false for a bool field; saw {text!r}")
+    return lowered in ("true", "1")
+  if isinstance(current, int):
+    return int(text)
+  if isinstance(current, float):
+    return float(text)
+  if current is None or isinstance(current, str):
+    return text
+  raise TypeError(f"sweeping a field of type {type(current).__name__} is not supported")
+
+
+def fixed_overrides(argv: list[str]) -> list[str]:
+  """The `--config.FIELD=VALUE` arguments of the command line (applied to every point)."""
+  overrides, args = [], iter(argv)
+  for arg in args:
+    if arg.startswith("--config.") and "=" in arg:
+      overrides.append(arg)
+    elif arg.startswith("--config."):                   # "--config.x VALUE"
+      overrides.append(f"{arg}={next(args, '')}")
+  return overrides
+
+
+def point_args(point: list[tuple[str, str]]) -> list[str]:
+  return [f"--config.{field}={value}" for field, value in point]
+
+
+def run_locally(config_arg: str, fixed: list[str], points) -> int:
+  """Runs every point as `launch/run.py` one after another; returns how many failed."""
+  failed = []
+  for index, point in enumerate(points):
+    args = [sys.executable, os.path.join(_HERE, "run.py"), "--config", config_arg,
+            *fixed, *point_args(point)]
+    label = " ".join(point_args(point))
+    print(f"[sweep] point {index + 1}/{len(points)}: {label}", flush=True)
+    code = subprocess.call(args)
+    if code != 0:
+      failed.append((index, label, code))
+      print(f"[sweep] point {index + 1} failed with exit status {code}", flush=True)
+  print(f"[sweep] {len(points) - len(failed)}/{len(points)} points succeeded", flush=True)
+  for index, label, code in failed:
+    print(f"[sweep]   failed: point {index + 1} ({label}), exit status {code}", flush=True)
+  return len(failed)
+
+
+def render(fleet, config_arg: str, fixed: list[str], points, name: str) -> list[dict]:
+  """One training Job (and its headless Service) per point, labelled with the sweep's name."""
+  from launch.k8s import training
+  objects = []
+  for index, point in enumerate(points):
+    job_config = fleet.copy_and_resolve_references()
+    job_config.unlock()
+    job_config.training.experiment = in_image_path(config_arg)
+    labels = {"orchard.dev/sweep": name, "orchard.dev/sweep-point": str(index)}
+    objects += training.training_job(job_config, name=f"{name}-{index}",
+                                     overrides=[*fixed, *point_args(point)], labels=labels)
+  return objects
+
+
+def in_image_path(config_arg: str) -> str:
+  """The experiment argument as the training image sees it: a path relative to the
+  repository root (the image's working directory), keeping a ":preset" suffix.
+
+  Raises:
+    SweepError: the file is outside this repository, so the image does not have it.
+  """
+  path, sep, preset = config_arg.partition(":")
+  root = os.path.dirname(_HERE)
+  absolute = os.path.abspath(path)
+  if os.path.commonpath([absolute, root]) != root:
+    raise SweepError(f"--render: the experiment file {path!r} is outside the repository "
+                     f"({root}); the training image only has files from the repository")
+  return os.path.relpath(absolute, root) + sep + preset
+
+
+def default_name(config_arg: str) -> str:
+  """"experiments/swe_rpr.py:cluster" -> "swe-rpr" (a DNS label prefix)."""
+  stem = os.path.splitext(os.path.basename(config_arg.split(":")[0]))[0]
+  return re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:40] or "sweep"
+
+
+def _config_argument(argv: list[str]) -> str:
+  for i, arg in enumerate(argv):
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+  raise app.UsageError("--config is required, e.g. --config experiments/swe_rpr.py")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  config = _CONFIG.value
+  if config is None:
+    raise app.UsageError("--config is required, e.g. --config experiments/swe_rpr.py")
+  if not _SWEEP.value:
+    raise app.UsageError("give at least one --sweep FIELD=V1,V2")
+  try:
+    points = grid([parse_axis(text) for text in _SWEEP.value])
+    for point in points:
+      check_point(config, point)
+  except SweepError as e:
+    print(f"sweep: {e}", file=sys.stderr)
+    return 2
+  config_arg = _config_argument(sys.argv)
+  fixed = fixed_overrides(sys.argv[1:])
+  if _RENDER.value:
+    from launch.k8s import common
+    try:
+      objects = render(_FLEET.value, config_arg, fixed, points,
+                       _NAME.value or default_name(config_arg))
+    except (common.FleetError, SweepError) as e:
+      print(f"sweep: {e}", file=sys.stderr)
+      return 2
+    sys.stdout.write(common.to_yaml(objects))
+    return 0
+  return 1 if run_locally(config_arg, fixed, points) else 0
+
+
+if __name__ == "__main__":
+  app.run(main)
