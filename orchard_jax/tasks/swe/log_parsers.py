@@ -1,0 +1,67 @@
+"""Per-test results from a test log, by SWE-bench's own log parsers.
+
+SWE-bench grades an instance from the status of each named test in the evaluation log
+(`swebench.harness.log_parsers`). We call those parsers rather than re-implementing them, so a
+log is read exactly as SWE-bench reads it: for pytest, the `-rA` short summary lines
+`PASSED path::test`, `FAILED path::test - message`, `ERROR path::test`, `SKIPPED ...`,
+`XFAIL path::test`; XPASS lines are not a SWE-bench status and are left out (they then count
+as failing, as in SWE-bench).
+
+`swebench` is imported on first use (about 1.5 s, as its harness package pulls in its
+container tooling).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+from orchard_jax.tasks.errors import TaskError
+
+# Statuses as SWE-bench spells them (swebench.harness.constants.TestStatus).
+PASSED, FAILED, SKIPPED, ERROR, XFAIL = "PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL"
+
+# Our parser name -> the SWE-bench parser function name in swebench.harness.log_parsers.
+LOG_PARSERS = {
+    "pytest": "parse_log_pytest",
+    "pytest_options": "parse_log_pytest_options",
+    "pytest_v2": "parse_log_pytest_v2",
+    "django": "parse_log_django",
+    "sympy": "parse_log_sympy",
+    "matplotlib": "parse_log_matplotlib",
+    "seaborn": "parse_log_seaborn",
+}
+
+
+@functools.cache
+def _parser(name: str) -> Callable[[str, object], dict[str, str]]:
+  if name not in LOG_PARSERS:
+    raise TaskError(f"unknown log parser {name!r}; expected one of {sorted(LOG_PARSERS)}")
+  try:
+    from swebench.harness import log_parsers
+  except ImportError as e:
+    raise TaskError(f"SWE-bench's log parsers are needed to read test logs: pip install swebench "
+                    f"({e})") from e
+  return getattr(log_parsers, LOG_PARSERS[name])
+
+
+def parse_test_log(log: str, parser: str = "pytest") -> dict[str, str]:
+  """Maps each test named in `log` to its status (PASSED/FAILED/SKIPPED/ERROR/XFAIL).
+
+  Args:
+    log: the text the test command printed (stdout and stderr together).
+    parser: a key of LOG_PARSERS.
+
+  Returns:
+    {test name: status}; a test that appears twice keeps its last status. Tests the log never
+    names are absent (SWE-bench then counts them as failing).
+
+  Raises:
+    TaskError: the parser name is unknown or swebench is not installed.
+  """
+  # The parsers split on "\n"; a CRLF log would leave "\r" on every test name.
+  return _parser(parser)(log.replace("\r\n", "\n"), None)
+
+
+def passed(status_map: dict[str, str], test: str) -> bool:
+  """SWE-bench's rule: a test passes when its status is PASSED or XFAIL."""
+  return status_map.get(test) in (PASSED, XFAIL)
