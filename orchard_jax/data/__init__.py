@@ -17,3 +17,6 @@ from orchard_jax.data.records import CHAT_ROLES, ModelCall, Trajectory, chat_mes
 from orchard_jax.data.sequences import (
   TrainingSequence, sequences_from_model_calls, sft_sequences_from_messages)
 from orchard_jax.data.store import TrajectoryStore
+from orchard_jax.data.packing import (
+  OVERFLOW_POLICIES, REQUIRED_KEYS, PackedBatch, PackedData, PackingStats, Placement,
+  pack_sequences)

@@ -1,0 +1,252 @@
+"""Packing training sequences into fixed-shape [batch, seq] batches (CONTRACTS.md, packed batch).
+
+Sequences are placed into rows of `seq_len` tokens by first-fit decreasing (longest first, each
+into the first row with room), rows are shuffled with a seed and grouped into batches of
+`batch_size` rows. Every batch has the same shape, so a jitted train step never recompiles;
+rows without data are padding (segment id 0, weight 0); `batch_size` must divide evenly over
+the data-parallel devices, so that no device ever sees a different shape (CASES.md 4).
+
+A batch is a dict of numpy arrays, all [batch_size, seq_len]:
+  input_ids int32, positions int32 (0, 1, ... restarting at every segment), segment_ids int32
+  (1..k in each row, 0 = padding), loss_weights float32, old_logprobs float32, advantages
+  float32; and, when any sequence carries them, teacher_logprobs + teacher_mask float32 (OPD)
+  and ref_logprobs float32 (KL). Per-token values keep the alignment of the sequences: the
+  value at [b, t] describes predicting input_ids[b, t].
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from orchard_jax.data.errors import PackingError
+from orchard_jax.data.sequences import TrainingSequence
+
+PackedBatch = dict  # str -> np.ndarray [batch, seq]
+
+REQUIRED_KEYS = ("input_ids", "positions", "segment_ids", "loss_weights", "old_logprobs",
+                 "advantages")
+_FLOAT_KEYS = ("loss_weights", "old_logprobs", "advantages", "teacher_logprobs",
+               "teacher_mask", "ref_logprobs")
+OVERFLOW_POLICIES = ("truncate", "drop", "error")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where one input sequence went: batches[batch][row, start:start + length]."""
+  batch: int
+  row: int
+  start: int
+  length: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PackingStats:
+  """Counts of one packing (log them: silent truncation hides data loss).
+
+  Attributes:
+    sequences: sequences given.
+    packed: sequences placed in a batch.
+    truncated: sequences cut to seq_len (overflow="truncate"); their tails are lost.
+    dropped_too_long: sequences longer than seq_len left out (overflow="drop").
+    dropped_no_loss: sequences with no loss token (after truncation) left out.
+    truncated_loss_tokens: loss tokens cut off by truncation.
+    rows, padding_rows: rows holding data, rows of padding.
+    batches: number of batches.
+    tokens, loss_tokens: real tokens and loss-carrying tokens placed.
+    fill: tokens / (batches * batch_size * seq_len).
+  """
+  sequences: int
+  packed: int
+  truncated: int
+  dropped_too_long: int
+  dropped_no_loss: int
+  truncated_loss_tokens: int
+  rows: int
+  padding_rows: int
+  batches: int
+  tokens: int
+  loss_tokens: int
+  fill: float
+
+  def as_dict(self, prefix: str = "packing/") -> dict[str, float]:
+    return {prefix + k: v for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedData:
+  """Result of `pack_sequences`.
+
+  Attributes:
+    batches: fixed-shape batches (see the module docstring).
+    placements: one per input sequence, None for a sequence left out.
+    stats: `PackingStats`.
+  """
+  batches: list[PackedBatch]
+  placements: list[Placement | None]
+  stats: PackingStats
+
+
+def pack_sequences(sequences: Sequence[TrainingSequence], *, batch_size: int, seq_len: int,
+                   data_parallel_size: int = 1, overflow: str = "truncate", seed: int = 0,
+                   shuffle: bool = True, num_batches: int | None = None,
+                   num_batches_multiple_of: int = 1, pad_id: int = 0) -> PackedData:
+  """Pack sequences into fixed-shape batches by first-fit decreasing.
+
+  Deterministic: the same sequences, arguments and seed give the same batches. Ties in length
+  are ordered by a seeded permutation, and rows are shuffled with the seed (shuffle=False keeps
+  the first-fit order).
+
+  Args:
+    sequences: `TrainingSequence`s (ids, loss weights, old log-probs, advantages, optional
+      teacher/ref log-probs).
+    batch_size: rows per batch; a multiple of data_parallel_size.
+    seq_len: tokens per row.
+    data_parallel_size: devices the batch axis is split over (product of the mesh's data
+      axes).
+    overflow: what to do with a sequence longer than seq_len: "truncate" (keep its first
+      seq_len tokens), "drop", or "error".
+    seed: seed of tie-breaking and row shuffling.
+    shuffle: shuffle rows before cutting them into batches.
+    num_batches: exact number of batches wanted (padding batches are added; PackingError when
+      the data needs more); None for as many as needed.
+    num_batches_multiple_of: round the number of batches up to a multiple of this (gradient
+      accumulation steps, hosts); ignored when num_batches is given.
+    pad_id: input id of padding positions.
+  Returns:
+    `PackedData` (batches, placements, stats). With no data and num_batches None, zero batches.
+  Raises:
+    PackingError: bad sizes, overflow="error" with a long sequence, inconsistent optional
+      arrays, or more data than num_batches can hold.
+  """
+  if batch_size <= 0 or seq_len <= 1:
+    raise PackingError(f"need batch_size >= 1 and seq_len >= 2, got {batch_size} and {seq_len}")
+  if data_parallel_size <= 0 or batch_size % data_parallel_size:
+    raise PackingError(
+      f"batch_size {batch_size} does not split evenly over {data_parallel_size} data-parallel "
+      "devices; every device must get the same number of rows")
+  if overflow not in OVERFLOW_POLICIES:
+    raise PackingError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+  if num_batches_multiple_of <= 0:
+    raise PackingError(f"num_batches_multiple_of must be >= 1, got {num_batches_multiple_of}")
+  optional = _optional_keys(sequences)
+
+  kept, lengths = [], []
+  truncated = dropped_long = dropped_empty = lost_loss = 0
+  for i, seq in enumerate(sequences):
+    n = len(seq)
+    if n > seq_len:
+      if overflow == "error":
+        raise PackingError(
+          f"sequence {i} has {n} tokens, more than seq_len {seq_len} (overflow='error')")
+      if overflow == "drop":
+        dropped_long += 1
+        continue
+      truncated += 1
+      lost_loss += int(np.count_nonzero(seq.loss_weights[seq_len:]))
+      n = seq_len
+    if not np.any(seq.loss_weights[:n]):
+      dropped_empty += 1
+      continue
+    kept.append(i)
+    lengths.append(n)
+
+  rng = np.random.default_rng(seed)
+  tie_break = rng.permutation(len(kept))
+  order = sorted(range(len(kept)), key=lambda k: (-lengths[k], tie_break[k]))
+  row_of, start_of, row_fill = _first_fit(lengths, order, seq_len)
+  num_rows = len(row_fill)
+  row_order = rng.permutation(num_rows) if shuffle else np.arange(num_rows)
+
+  rows_needed = -(-num_rows // batch_size)
+  if num_batches is None:
+    total_batches = -(-rows_needed // num_batches_multiple_of) * num_batches_multiple_of
+  else:
+    if rows_needed > num_batches:
+      raise PackingError(
+        f"the data fills {num_rows} rows = {rows_needed} batches of {batch_size}, more than "
+        f"num_batches={num_batches}; raise num_batches or seq_len, or pack fewer sequences")
+    total_batches = num_batches
+
+  shape = (total_batches * batch_size, seq_len)
+  arrays = {"input_ids": np.full(shape, pad_id, np.int32),
+            "positions": np.zeros(shape, np.int32),
+            "segment_ids": np.zeros(shape, np.int32)}
+  for key in REQUIRED_KEYS[3:] + optional:
+    arrays[key] = np.zeros(shape, np.float32)
+  slot = np.empty(num_rows, np.int64)
+  slot[row_order] = np.arange(num_rows)  # final row index of each first-fit row
+  segments_in_row = np.zeros(num_rows, np.int32)
+  placements: list[Placement | None] = [None] * len(sequences)
+  for k in order:  # placement order, so segment ids increase along each row
+    i, n, r, start = kept[k], lengths[k], row_of[k], start_of[k]
+    seq, out = sequences[i], slot[r]
+    segments_in_row[r] += 1
+    span = slice(start, start + n)
+    arrays["input_ids"][out, span] = seq.input_ids[:n]
+    arrays["positions"][out, span] = np.arange(n)
+    arrays["segment_ids"][out, span] = segments_in_row[r]
+    arrays["loss_weights"][out, span] = seq.loss_weights[:n]
+    arrays["loss_weights"][out, start] = 0.0  # nothing predicts a segment's first token
+    arrays["old_logprobs"][out, span] = seq.old_logprobs[:n]
+    arrays["advantages"][out, span] = seq.advantages[:n]
+    for key in optional:
+      value = getattr(seq, key)
+      if value is not None:
+        arrays[key][out, span] = value[:n]
+    placements[i] = Placement(int(out) // batch_size, int(out) % batch_size, start, n)
+
+  batches = [{key: value[b * batch_size:(b + 1) * batch_size] for key, value in arrays.items()}
+             for b in range(total_batches)]
+  tokens = int(sum(lengths))
+  stats = PackingStats(
+    sequences=len(sequences), packed=len(kept), truncated=truncated,
+    dropped_too_long=dropped_long, dropped_no_loss=dropped_empty,
+    truncated_loss_tokens=lost_loss, rows=num_rows,
+    padding_rows=total_batches * batch_size - num_rows, batches=total_batches, tokens=tokens,
+    loss_tokens=int(np.count_nonzero(arrays["loss_weights"])),
+    fill=tokens / (total_batches * batch_size * seq_len) if total_batches else 0.0)
+  return PackedData(batches, placements, stats)
+
+
+def _optional_keys(sequences: Sequence[TrainingSequence]) -> tuple[str, ...]:
+  keys = []
+  if any(s.teacher_logprobs is not None for s in sequences):
+    keys += ["teacher_logprobs", "teacher_mask"]  # sequences without them get mask 0
+  with_ref = sum(s.ref_logprobs is not None for s in sequences)
+  if with_ref:
+    if with_ref != len(sequences):
+      raise PackingError(
+        f"{with_ref} of {len(sequences)} sequences carry ref_logprobs; the KL term needs "
+        "them on every sequence or none")
+    keys.append("ref_logprobs")
+  return tuple(keys)
+
+
+def _first_fit(lengths: list[int], order: list[int], capacity: int
+               ) -> tuple[list[int], list[int], list[int]]:
+  """First fit over rows in `order`: a max segment tree over row free space finds the lowest
+  row with room in O(log rows). Returns (row of each item, start of each item, fill per row)."""
+  size = 1
+  while size < max(1, len(lengths)):
+    size *= 2
+  free = [capacity] * (2 * size)  # leaves size.. are rows; unopened rows are empty
+  row_of, start_of = [0] * len(lengths), [0] * len(lengths)
+  used = 0
+  for k in order:
+    need = lengths[k]
+    node = 1
+    while node < size:
+      node = 2 * node if free[2 * node] >= need else 2 * node + 1
+    row = node - size
+    start_of[k] = capacity - free[node]
+    row_of[k] = row
+    used = max(used, row + 1)
+    free[node] -= need
+    node //= 2
+    while node:
+      free[node] = max(free[2 * node], free[2 * node + 1])
+      node //= 2
+  fill = [capacity - free[size + r] for r in range(used)]
+  return row_of, start_of, fill
