@@ -47,13 +47,14 @@ _JOB_NAME = flags.DEFINE_string("job-name", None, "train: the Job's name "
 _SET = flags.DEFINE_multi_string(
     "set", [], "train: an experiment override FIELD=VALUE (repeatable), passed to "
     "launch/run.py in the Job as --config.FIELD=VALUE.")
-_WAIT = flags.DEFINE_integer("wait", 0, "up: seconds to wait for every Deployment to be "
-                             "ready (0: do not wait).")
+_WAIT = flags.DEFINE_integer("wait", 0, "up: seconds to wait for every Deployment and "
+                             "StatefulSet to be ready (0: do not wait).")
 
 _REPO = flags.DEFINE_string("repo", None, "weights: Hugging Face model, owner/name.")
 _FOLDER = flags.DEFINE_string("folder", None, "weights: folder on the models volume.")
 _REVISION = flags.DEFINE_string("revision", "", "weights: branch, tag or commit (default: main).")
 
+_WORKLOADS = ("Deployment", "StatefulSet")
 COMMANDS = ("up", "down", "status", "train", "weights")
 
 
@@ -100,24 +101,24 @@ def up(client: kube.KubeClient, config, *, wait_seconds: int = 0) -> list[dict]:
 
 def wait_until_ready(client: kube.KubeClient, config, *, timeout_seconds: float,
                      poll_seconds: float = 2.0) -> None:
-  """Waits until every Deployment of the fleet has all its replicas ready.
+  """Waits until every Deployment and StatefulSet of the fleet has all its replicas ready.
 
   Raises:
-    FleetError: some Deployment is still not ready after `timeout_seconds`; the message
+    FleetError: some workload is still not ready after `timeout_seconds`; the message
       lists which and how many replicas are ready.
   """
   deadline = time.monotonic() + timeout_seconds
   while True:
     pending = []
     for obj in k8s.render_fleet(config):
-      if obj["kind"] != "Deployment":
+      if obj["kind"] not in _WORKLOADS:
         continue
-      state = client.read("Deployment", obj["metadata"]["name"], obj["metadata"]["namespace"])
+      state = client.read(obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"])
       ready, wanted = _deployment_ready(state, obj)
       if ready < wanted:
         pending.append(f"{kube.describe(obj)} {ready}/{wanted} ready")
     if not pending:
-      _say("every Deployment is ready")
+      _say("every Deployment and StatefulSet is ready")
       return
     if time.monotonic() > deadline:
       raise common.FleetError(f"not ready after {timeout_seconds:g} s: " + "; ".join(pending))
@@ -178,7 +179,7 @@ def _deployment_ready(state, obj) -> tuple[int, int]:
 def _describe_state(kind: str, state: dict, obj: dict) -> tuple[str, bool]:
   """(one-line state, healthy) of an object as the API server reports it."""
   status = state.get("status") or {}
-  if kind == "Deployment":
+  if kind in _WORKLOADS:
     ready, wanted = _deployment_ready(state, obj)
     return f"{ready}/{wanted} ready", ready >= wanted
   if kind == "PersistentVolumeClaim":
@@ -207,7 +208,7 @@ def status(client: kube.KubeClient, config) -> tuple[list[tuple[str, str, bool]]
 
   Returns:
     (rows, healthy): rows of (object, state, healthy); healthy is False when an object is
-    missing, a Deployment is short of ready replicas, a claim is unbound or a Job failed.
+    missing, a Deployment or StatefulSet is short of ready replicas, a claim is unbound or a Job failed.
   """
   rows = []
   for obj in k8s.render_fleet(config):

@@ -33,6 +33,7 @@ _KINDS = {
     "PersistentVolumeClaim": _Kind("CoreV1Api", "persistent_volume_claim", True),
     "Pod": _Kind("CoreV1Api", "pod", True),
     "Deployment": _Kind("AppsV1Api", "deployment", True),
+    "StatefulSet": _Kind("AppsV1Api", "stateful_set", True),
     "Job": _Kind("BatchV1Api", "job", True),
     "Role": _Kind("RbacAuthorizationV1Api", "role", True),
     "RoleBinding": _Kind("RbacAuthorizationV1Api", "role_binding", True),

@@ -1,11 +1,18 @@
-"""Manifests of the SGLang inference servers: one Deployment, one Service and one headless
-Service per entry of `config.sglang.servers` (policy, teacher, ...).
+"""Manifests of the SGLang inference servers: per entry of `config.sglang.servers` (policy,
+teacher, ...) a StatefulSet of `replicas` servers, a load-balanced Service and a headless
+Service.
 
 Each pod runs `python -m sglang.launch_server` on `tp * dp` GPUs with the model read from the
 models volume and the checkpoints volume mounted at the same path as in the trainer, so the
-recipe can reload new policy weights with SGLang's `/update_weights_from_disk`. The Service
-load-balances requests; the headless Service (`<name>-pods`) resolves to every ready pod, for
-calls that must reach each replica (weight updates, cache flushes).
+recipe can reload new policy weights with SGLang's `/update_weights_from_disk`.
+
+Why a StatefulSet rather than a Deployment: the rollout client (orchard_jax/rollout/client.py)
+routes each session to one server to reuse its prefix cache, and weight updates must reach
+every server, so clients need one stable address per replica. A StatefulSet governed by the
+headless Service `<name>-pods` gives replica i the DNS name
+`<name>-i.<name>-pods.<namespace>.svc.cluster.local`, which survives pod restarts;
+`replica_urls()` lists them. The plain Service load-balances for clients that need no
+affinity.
 """
 from launch.k8s import common
 
@@ -13,7 +20,7 @@ COMPONENT = "sglang"
 
 
 def server_name(name: str) -> str:
-  """The Deployment/Service name of SGLang server `name` (e.g. "sglang-policy")."""
+  """The StatefulSet/Service name of SGLang server `name` (e.g. "sglang-policy")."""
   return f"sglang-{name.replace('_', '-')}"
 
 
@@ -22,6 +29,14 @@ def server_url(config, name: str) -> str:
   server = config.sglang.servers[name]
   host = common.service_dns(server_name(name), config.namespace)
   return f"http://{host}:{server.port}"
+
+
+def replica_urls(config, name: str) -> list[str]:
+  """The stable base URL of every replica of SGLang server `name`, replica 0 first."""
+  server = config.sglang.servers[name]
+  full = server_name(name)
+  pods = common.service_dns(f"{full}-pods", config.namespace)
+  return [f"http://{full}-{i}.{pods}:{server.port}" for i in range(server.replicas)]
 
 
 def launch_command(server) -> list[str]:
@@ -66,7 +81,7 @@ def _validate(name: str, server) -> None:
 
 
 def server_manifests(config, name: str) -> list[dict]:
-  """Deployment + Service + headless Service of SGLang server `name`.
+  """StatefulSet + Service + headless Service of SGLang server `name`.
 
   Raises:
     common.FleetError: inconsistent parallelism or a model path outside the volume.
@@ -102,15 +117,16 @@ def server_manifests(config, name: str) -> list[dict]:
       "livenessProbe": dict(health, periodSeconds=30, timeoutSeconds=10, failureThreshold=5),
   }
   selector = common.selector_labels(config, full)
-  deployment = {
-      "apiVersion": "apps/v1", "kind": "Deployment",
+  stateful_set = {
+      "apiVersion": "apps/v1", "kind": "StatefulSet",
       "metadata": common.metadata(config, full, COMPONENT, ns),
       "spec": {
           "replicas": server.replicas,
+          "serviceName": f"{full}-pods",
+          # Servers are independent: start and replace them all at once, not in order.
+          "podManagementPolicy": "Parallel",
+          "updateStrategy": {"type": "RollingUpdate"},
           "selector": {"matchLabels": selector},
-          # GPUs are scarce: replace pods one at a time without asking for an extra node.
-          "strategy": {"type": "RollingUpdate",
-                       "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}},
           "template": {
               "metadata": {"labels": common.labels(config, COMPONENT, full)},
               "spec": {
@@ -135,9 +151,11 @@ def server_manifests(config, name: str) -> list[dict]:
   headless = {
       "apiVersion": "v1", "kind": "Service",
       "metadata": common.metadata(config, f"{full}-pods", COMPONENT, ns, app_name=full),
-      "spec": {"clusterIP": "None", "selector": selector, "ports": [port]},
+      # Replica DNS names exist while a server is still loading its weights.
+      "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": selector,
+               "ports": [port]},
   }
-  return [deployment, service, headless]
+  return [stateful_set, service, headless]
 
 
 def render(config) -> list[dict]:

@@ -12,8 +12,14 @@ environment set here):
   JAX_PROCESS_ID           the pod's completion index (from its
                            batch.kubernetes.io/job-completion-index annotation)
 
-The pods also get the in-cluster URLs of Orchard Env (with its API key from the Secret) and of
-every SGLang server, so the experiment's cluster preset needs no hard-coded address.
+The pods also get the in-cluster addresses of the fleet's services, so the experiment's
+cluster preset needs no hard-coded address:
+
+  ORCHARD_ENV_URL               Orchard Env's Service, e.g. http://orchard-env.orchard.svc...:8080
+  ORCHARD_ENV_API_KEY           its API key (from the Secret `fleet.py up` created)
+  ORCHARD_SGLANG_<NAME>_URL     SGLang server NAME's load-balanced Service
+  ORCHARD_SGLANG_<NAME>_URLS    comma-separated stable URLs of each of its replicas (for the
+                                rollout client's per-session routing and weight updates)
 """
 import re
 from typing import Optional, Sequence
@@ -57,9 +63,9 @@ def _service_env(config) -> list[dict]:
     if not config.sglang.servers[server].enabled:
       continue
     key = server.upper()
-    pods = common.service_dns(f"{sglang.server_name(server)}-pods", config.namespace)
     env += [{"name": f"ORCHARD_SGLANG_{key}_URL", "value": sglang.server_url(config, server)},
-            {"name": f"ORCHARD_SGLANG_{key}_PODS", "value": pods}]
+            {"name": f"ORCHARD_SGLANG_{key}_URLS",
+             "value": ",".join(sglang.replica_urls(config, server))}]
   return env
 
 

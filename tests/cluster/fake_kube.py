@@ -27,6 +27,7 @@ _GROUP = re.compile(r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<
 _KIND_OF = {"namespaces": "Namespace", "services": "Service", "secrets": "Secret",
             "serviceaccounts": "ServiceAccount", "persistentvolumeclaims": "PersistentVolumeClaim",
             "pods": "Pod", "configmaps": "ConfigMap", "deployments": "Deployment", "jobs": "Job",
+            "statefulsets": "StatefulSet",
             "roles": "Role", "rolebindings": "RoleBinding", "networkpolicies": "NetworkPolicy",
             "poddisruptionbudgets": "PodDisruptionBudget"}
 

@@ -34,8 +34,8 @@ def _keys(objects):
 
 def _mark_deployments_ready(api, config):
   for obj in k8s.render_fleet(config):
-    if obj["kind"] == "Deployment":
-      api.set_status("Deployment", obj["metadata"]["name"], obj["metadata"]["namespace"],
+    if obj["kind"] in ("Deployment", "StatefulSet"):
+      api.set_status(obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"],
                      {"readyReplicas": obj["spec"]["replicas"]})
 
 
@@ -67,7 +67,7 @@ def test_up_applies_config_changes_in_place(fake_kube):
     fleet.up(client, config)
     config.sglang.servers.policy.replicas = 9
     fleet.up(client, config)
-  deployment = fake_kube.get("Deployment", "sglang-policy", config.namespace)
+  deployment = fake_kube.get("StatefulSet", "sglang-policy", config.namespace)
   assert deployment["spec"]["replicas"] == 9
   assert deployment["metadata"]["resourceVersion"] == "2"
 

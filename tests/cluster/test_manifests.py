@@ -64,7 +64,7 @@ def test_names_are_unique_and_every_object_carries_the_fleet_labels(preset):
 def _pods(objects):
   """(namespace, pod template labels, pod spec) of every workload."""
   for obj in objects:
-    if obj["kind"] in ("Deployment", "Job"):
+    if obj["kind"] in ("Deployment", "StatefulSet", "Job"):
       template = obj["spec"]["template"]
       yield obj["metadata"]["namespace"], template["metadata"]["labels"], template["spec"], obj
 
@@ -125,6 +125,9 @@ def test_training_job_gives_every_pod_what_jax_distributed_initialize_needs():
   assert env["ORCHARD_ENV_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == (
       config.env.api_key_secret)
   assert env["ORCHARD_SGLANG_POLICY_URL"]["value"] == sglang.server_url(config, "policy")
+  assert env["ORCHARD_SGLANG_POLICY_URLS"]["value"].split(",") == [
+      f"http://sglang-policy-{i}.sglang-policy-pods.{config.namespace}.svc.cluster.local:30000"
+      for i in range(config.sglang.servers.policy.replicas)]
   assert "ORCHARD_SGLANG_TEACHER_URL" not in env          # teacher is disabled by default
   command = pod["containers"][0]["command"]
   assert command[:4] == ["python", "launch/run.py", "--config", "experiments/swe_rpr.py:cluster"]
@@ -144,7 +147,7 @@ def test_sglang_servers_run_sglangs_launch_command_on_tp_times_dp_gpus():
   config = fleet_config.get_config("cluster")
   config.sglang.servers.teacher.enabled = True
   objects = sglang.render(config)
-  deployments = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Deployment"}
+  deployments = {o["metadata"]["name"]: o for o in objects if o["kind"] == "StatefulSet"}
   assert set(deployments) == {"sglang-policy", "sglang-teacher"}
   for name, server in (("sglang-policy", config.sglang.servers.policy),
                        ("sglang-teacher", config.sglang.servers.teacher)):
@@ -165,6 +168,10 @@ def test_sglang_servers_run_sglangs_launch_command_on_tp_times_dp_gpus():
     assert mounts["/models"]["readOnly"] is True
     assert "/dev/shm" in mounts
     assert deployments[name]["spec"]["replicas"] == server.replicas
+    # Replica i is "<name>-i" under the headless Service: a stable address per server.
+    headless = next(o for o in objects if o["metadata"]["name"] == f"{name}-pods")
+    assert deployments[name]["spec"]["serviceName"] == headless["metadata"]["name"]
+    assert headless["spec"]["clusterIP"] == "None"
 
 
 def test_sglang_rejects_inconsistent_parallelism():
@@ -233,7 +240,7 @@ def test_dry_run_prints_the_manifests_with_config_overrides():
   expected = k8s.render_fleet(fleet_config.get_config("cluster"))
   assert [d["kind"] for d in documents] == [o["kind"] for o in expected]
   policy = next(d for d in documents if d["metadata"]["name"] == "sglang-policy"
-                and d["kind"] == "Deployment")
+                and d["kind"] == "StatefulSet")
   assert policy["spec"]["replicas"] == 7
   secret = next(d for d in documents if d["kind"] == "Secret")
   assert secret["stringData"][env_service.API_KEY_FIELD] == k8s.DRY_RUN_API_KEY
