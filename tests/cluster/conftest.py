@@ -24,3 +24,10 @@ def fake_kube():
   """A running fake Kubernetes API server (no real one can run on this machine)."""
   with load_helper("fake_kube").FakeKubeAPI() as api:
     yield api
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+  """A real redis-server on a free local port, for one test module."""
+  with load_helper("redis_server").RedisServer(tmp_path_factory.mktemp("redis")) as server:
+    yield server
