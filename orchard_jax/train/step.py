@@ -1,0 +1,203 @@
+"""The jitted, sharded train step: microbatched gradient accumulation, AdamW, metrics.
+
+The train state is a pytree of plain dicts (portable across orbax, meshes and rooms):
+  {"step": int32 scalar (optimiser updates taken), "params": nested dict of arrays (the model's
+   nnx.Param values as nnx.to_pure_dict gives them, in param_dtype: float32 master weights by
+   default), "opt_state": optax state over params, "rng": uint32[2] PRNG key}.
+
+Mixed precision: the model computes in ModelConfig.dtype (bfloat16 for real runs) from its
+float32 parameters (ModelConfig.param_dtype), so gradients and AdamW moments stay float32.
+"""
+import dataclasses
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from orchard_jax.train.errors import TrainError
+
+BATCH_AXES = ("data", "fsdp", "expert")
+
+
+def batch_partition_spec(mesh: Mesh, shape: tuple[int, ...]) -> PartitionSpec:
+  """How a [batch, seq] array is laid out: batch over every data-like mesh axis that divides it."""
+  axes = []
+  size = 1
+  for axis in BATCH_AXES:
+    n = dict(mesh.shape).get(axis, 1)
+    if n > 1 and shape[0] % (size * n) == 0:
+      axes.append(axis)
+      size *= n
+  first = None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
+  return PartitionSpec(first, *([None] * (len(shape) - 1)))
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+  """Number of ways the batch dimension is split (product of the data-like mesh axes)."""
+  shape = dict(mesh.shape)
+  size = 1
+  for axis in BATCH_AXES:
+    size *= shape.get(axis, 1)
+  return size
+
+
+@dataclasses.dataclass
+class ModelParts:
+  """A model split for functional training: graphdef + Param template + the rest of its state."""
+  graphdef: Any
+  param_template: Any
+  rest: Any
+
+  @classmethod
+  def of(cls, model) -> "ModelParts":
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    return cls(graphdef, params, rest)
+
+  def pure_params(self) -> dict:
+    return nnx.to_pure_dict(self.param_template)
+
+  def merge(self, params: dict):
+    """A model module whose Params hold `params` (usable inside jit and grad)."""
+    state = jax.tree.map(lambda x: x, self.param_template)
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(self.graphdef, state, self.rest)
+
+
+def param_shardings(params: dict, mesh: Mesh) -> dict:
+  """Each param's current NamedSharding (kept), or replicated on `mesh` when it has none."""
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def pick(x):
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, NamedSharding) and sharding.mesh == mesh:
+      return sharding
+    return replicated
+  return jax.tree.map(pick, params)
+
+
+def state_shardings(optimizer: optax.GradientTransformation, params: dict, mesh: Mesh,
+                    shardings: Optional[dict] = None) -> dict:
+  """Shardings of the whole train state: optimiser moments follow their params."""
+  shardings = param_shardings(params, mesh) if shardings is None else shardings
+  replicated = NamedSharding(mesh, PartitionSpec())
+  abstract_opt = jax.eval_shape(optimizer.init, params)
+  opt_shardings = optax.tree_utils.tree_map_params(
+      optimizer, lambda _, s: s, abstract_opt, shardings,
+      transform_non_params=lambda _: replicated)
+  return {"step": replicated, "params": shardings, "opt_state": opt_shardings,
+          "rng": replicated}
+
+
+def init_train_state(optimizer: optax.GradientTransformation, params: dict, *, seed: int,
+                     shardings: dict) -> dict:
+  """The step-0 train state, laid out on `shardings` (from `state_shardings`)."""
+  def init(params):
+    return {"step": jnp.zeros((), jnp.int32), "params": params,
+            "opt_state": optimizer.init(params), "rng": jax.random.PRNGKey(seed)}
+  return jax.jit(init, out_shardings=shardings)(params)
+
+
+def _split_microbatches(batch: dict, microbatches: int) -> dict:
+  """[B, ...] -> [M, B / M, ...], microbatch m = rows m, M + m, 2M + m, ... so every device's
+  contiguous block of rows contributes equally to each microbatch."""
+  def split(x):
+    rows = x.shape[0]
+    return x.reshape(rows // microbatches, microbatches, *x.shape[1:]).swapaxes(0, 1)
+  return jax.tree.map(split, batch)
+
+
+def build_train_step(parts: ModelParts, loss: Any, optimizer: optax.GradientTransformation,
+                     schedule: Callable[[Any], Any], *, mesh: Mesh, shardings: dict,
+                     microbatches: int = 1, load_balancing_coef: float = 0.0,
+                     donate: bool = True) -> Callable[[dict, dict], tuple[dict, dict]]:
+  """A jitted `(state, batch) -> (state, metrics)` for one optimiser update.
+
+  Args:
+    parts: the model split by ModelParts.of.
+    loss: an SFTLoss / PolicyLoss / ValueLoss (or anything with normalizer and __call__).
+    optimizer: from make_optimizer. schedule: its learning-rate schedule (for the metrics).
+    mesh: the device mesh; the batch is sharded over its data-like axes.
+    shardings: the train state's shardings (state_shardings).
+    microbatches: gradient-accumulation steps per update; the global batch must split evenly
+      into microbatches and each microbatch evenly over the data-parallel devices.
+    load_balancing_coef: weight of the MoE load-balancing loss added to the objective.
+    donate: donate the old state's buffers to the new state.
+  Returns:
+    The step function. metrics holds "loss" (the objective without the load-balancing term),
+    "total_loss", "grad_norm" (before clipping), "learning_rate", "tokens" (sum of loss weights),
+    the loss's own metrics, and for MoE models "moe/load_balancing_loss" and
+    "moe/expert_load" [layers, experts].
+  """
+  if microbatches < 1:
+    raise TrainError(f"microbatches must be >= 1; saw {microbatches}")
+
+  def micro_loss(params, micro, normalizer):
+    model = parts.merge(params)
+    value, metrics, aux = loss(model, micro, normalizer)
+    total = value
+    if "load_balancing_loss" in aux:
+      total = total + load_balancing_coef * aux["load_balancing_loss"] / microbatches
+    return total, (value, metrics, aux)
+
+  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+  def step(state, batch):
+    normalizer = loss.normalizer(batch)
+    params = state["params"]
+    micro_batches = _split_microbatches(batch, microbatches)
+
+    def accumulate(carry, micro):
+      grads_sum, total_sum = carry
+      (total, (value, metrics, aux)), grads = grad_fn(params, micro, normalizer)
+      grads_sum = jax.tree.map(jnp.add, grads_sum, grads)
+      return (grads_sum, total_sum + total), (value, metrics, aux)
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    (grads, total), (values, metrics, aux) = jax.lax.scan(
+        accumulate, (zeros, jnp.zeros((), jnp.float32)), micro_batches)
+    updates, opt_state = optimizer.update(grads, state["opt_state"], params)
+    new_params = optax.apply_updates(params, updates)
+    out = {name: jnp.mean(value, axis=0) for name, value in metrics.items()}
+    out.update(loss=jnp.sum(values), total_loss=total, grad_norm=optax.global_norm(grads),
+               learning_rate=jnp.asarray(schedule(state["step"]), jnp.float32),
+               tokens=jnp.sum(jnp.where(batch["segment_ids"] > 0,
+                                        batch.get("loss_weights", batch["segment_ids"] > 0),
+                                        0).astype(jnp.float32)))
+    if "load_balancing_loss" in aux:
+      out["moe/load_balancing_loss"] = jnp.mean(aux["load_balancing_loss"])
+    if "expert_load" in aux:
+      out["moe/expert_load"] = jnp.mean(aux["expert_load"], axis=0)
+    new_state = {"step": state["step"] + 1, "params": new_params, "opt_state": opt_state,
+                 "rng": state["rng"]}
+    return new_state, out
+
+  def run(state, batch):
+    with jax.set_mesh(mesh):
+      return jitted(state, batch)
+
+  jitted = jax.jit(step, in_shardings=(shardings, None), out_shardings=(shardings, None),
+                   donate_argnums=(0,) if donate else ())
+  run.jitted = jitted
+  return run
+
+
+def build_eval_step(parts: ModelParts, loss: Any, *, mesh: Mesh, param_shardings: dict
+                    ) -> Callable[[dict, dict], dict]:
+  """A jitted `(params, batch) -> metrics` with "loss", "normalizer" and the loss's metrics."""
+  def evaluate(params, batch):
+    normalizer = loss.normalizer(batch)
+    value, metrics, aux = loss(parts.merge(params), batch, normalizer)
+    out = dict(metrics)
+    out["loss"] = value
+    out["normalizer"] = jax.tree.leaves(normalizer)[0].astype(jnp.float32)
+    return out
+
+  jitted = jax.jit(evaluate, in_shardings=(param_shardings, None))
+
+  def run(params, batch):
+    with jax.set_mesh(mesh):
+      return jitted(params, batch)
+  return run
