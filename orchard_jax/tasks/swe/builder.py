@@ -66,7 +66,7 @@ class BuildSettings:
     python: base interpreter for the venvs ("" picks one the sandbox can see).
   """
   packages: tuple[str, ...] = DEFAULT_PACKAGES
-  instances_per_package: int = 12
+  instances_per_package: int = 14
   max_candidates_per_package: int = 60
   seconds_per_package: float = 150.0
   workers: int = 2

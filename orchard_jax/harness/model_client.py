@@ -1,0 +1,94 @@
+"""A chat-completions client for any OpenAI-compatible base URL (the recording proxy, SGLang,
+the embedded engine), over httpx.
+
+The harness reaches its model only this way (CONTRACTS.md "Model access from harnesses"), so
+every call passes through the proxy, which records token ids and log-probs as sampled.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import httpx
+
+from orchard_jax.harness.errors import ModelCallError
+
+
+@dataclasses.dataclass
+class ChatResponse:
+  """One completion: the text, why it stopped, token usage, and the raw JSON body."""
+  content: str
+  finish_reason: str
+  usage: dict
+  raw: dict
+
+
+class ChatModel:
+  """POSTs `{base_url}/chat/completions`; a context manager that owns its HTTP connection pool.
+
+  Args:
+    base_url: ends in `/v1`, e.g. `http://127.0.0.1:8000/sessions/abc/v1`.
+    model: the `model` field of each request.
+    api_key: sent as a bearer token if given.
+    temperature, max_tokens, top_p: sampling parameters sent with each request.
+    timeout_s: per-request timeout in seconds.
+    retries: extra attempts after a connection error or a 5xx answer (1 s, 2 s, 4 s... apart).
+  """
+
+  def __init__(self, base_url: str, model: str = "default", *, api_key: str | None = None,
+               temperature: float = 0.0, max_tokens: int | None = None, top_p: float | None = None,
+               timeout_s: float = 300.0, retries: int = 2):
+    self.base_url = base_url.rstrip("/")
+    self.model = model
+    self.sampling = {"temperature": temperature}
+    if max_tokens is not None:
+      self.sampling["max_tokens"] = max_tokens
+    if top_p is not None:
+      self.sampling["top_p"] = top_p
+    self.retries = retries
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    self._client = httpx.Client(timeout=timeout_s, headers=headers)
+    self.calls = 0
+
+  def __enter__(self) -> "ChatModel":
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  def close(self):
+    self._client.close()
+
+  def complete(self, messages: list[dict]) -> ChatResponse:
+    """Sends the chat (only role/content of each message) and returns the first choice.
+
+    Raises:
+      ModelCallError: the endpoint is unreachable after the retries, answers non-2xx, or the
+        body has no choices (the message quotes what came back).
+    """
+    body = {"model": self.model, "messages": [{"role": m["role"], "content": m["content"]}
+                                              for m in messages], **self.sampling}
+    url = f"{self.base_url}/chat/completions"
+    for attempt in range(self.retries + 1):
+      try:
+        response = self._client.post(url, json=body)
+      except httpx.TransportError as e:
+        if attempt == self.retries:
+          raise ModelCallError(f"POST {url} failed after {attempt + 1} attempts: {e!r}") from e
+        time.sleep(2 ** attempt)
+        continue
+      if response.status_code >= 500 and attempt < self.retries:
+        time.sleep(2 ** attempt)
+        continue
+      break
+    if response.status_code // 100 != 2:
+      raise ModelCallError(f"POST {url} answered {response.status_code}: {response.text[:500]}")
+    try:
+      data = response.json()
+      choice = data["choices"][0]
+      content = choice["message"].get("content") or ""
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+      raise ModelCallError(f"POST {url}: expected an OpenAI chat completion, got "
+                           f"{response.text[:500]!r}") from e
+    self.calls += 1
+    return ChatResponse(content, choice.get("finish_reason") or "", data.get("usage") or {}, data)

@@ -1,0 +1,289 @@
+"""SWE-bench-style evaluation of predictions in fresh sandboxes (ALGORITHMS.md section 7).
+
+For each instance, in a sandbox of its own started from the instance's image:
+  1. put the workspace at `base_commit` (`testbed.setup_script`);
+  2. apply the model patch robustly (`patches.apply_script`); if nothing applies the outcome is
+     `patch_failed` and no test runs;
+  3. restore every file the test patch touches to its base state (a model may have edited or
+     created them), then apply the test patch (the hidden tests);
+  4. run the instance's test files under a time limit (`timed_out` past it), parse per-test
+     status with SWE-bench's log parser, and grade with SWE-bench's rules.
+Instances run in parallel, one sandbox each. Every instance leaves a folder with the patch,
+the apply log, the test log and `report.json`; the run leaves `summary.json` (SWE-bench's
+report layout: counts per outcome and the instance ids in each).
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import os
+import shlex
+import time
+from typing import Callable, ContextManager, Mapping, Sequence
+
+from orchard_jax.tasks.errors import EvaluationError
+from orchard_jax.tasks.swe import grading, log_parsers, patches
+from orchard_jax.tasks.swe.instance import SWEInstance
+from orchard_jax.tasks.swe.testbed import Sandbox, setup_script
+
+SandboxFactory = Callable[[SWEInstance], ContextManager[Sandbox]]
+_SCRATCH = "/tmp/orchard_eval"
+
+
+@dataclasses.dataclass
+class EvalResult:
+  """The evaluation of one prediction.
+
+  Attributes:
+    instance_id: the instance.
+    outcome: one of grading.OUTCOMES.
+    patch_applied: whether the model patch applied (True for an empty patch).
+    empty_patch: the prediction changed nothing.
+    apply_method: which apply attempt worked ("git apply --recount", "patch --fuzz=5 -l").
+    tests: which FAIL_TO_PASS / PASS_TO_PASS tests passed, or None if no test ran.
+    test_exit_code: the test command's exit code (124: killed at the time limit).
+    seconds: wall time of the whole evaluation.
+    error: what went wrong for outcome "error" (or a note).
+  """
+  instance_id: str
+  outcome: str
+  patch_applied: bool = False
+  empty_patch: bool = False
+  apply_method: str = ""
+  tests: grading.TestsReport | None = None
+  test_exit_code: int | None = None
+  seconds: float = 0.0
+  error: str = ""
+
+  @property
+  def resolved(self) -> bool:
+    return self.outcome == grading.RESOLVED
+
+  def to_dict(self) -> dict:
+    out = dataclasses.asdict(self)
+    out["tests"] = self.tests.to_dict() if self.tests else None
+    out["resolved"] = self.resolved
+    return out
+
+
+def evaluate_in_sandbox(sandbox: Sandbox, instance: SWEInstance, model_patch: str, *,
+                        log_dir: str | None = None) -> EvalResult:
+  """Evaluates one prediction in a fresh sandbox (steps 1-4 of the module docstring).
+
+  Args:
+    sandbox: a sandbox started from `instance.test_spec.image`, used for nothing else.
+    instance: the instance (needs `test_spec`).
+    model_patch: the predicted diff ("" for no change).
+    log_dir: if given, the patch, logs and report.json are written there.
+
+  Raises:
+    EvaluationError: the instance has no test_spec.
+  """
+  spec = instance.test_spec
+  if spec is None:
+    raise EvaluationError(f"instance {instance.instance_id!r} has no test_spec: the evaluator "
+                          f"needs its image, test command and test files")
+  start = time.monotonic()
+  logs: dict[str, str] = {}
+  result = EvalResult(instance.instance_id, grading.ERROR)
+  try:
+    _evaluate(sandbox, instance, model_patch, result, logs)
+  finally:
+    result.seconds = round(time.monotonic() - start, 3)
+    if log_dir:
+      _write_logs(log_dir, model_patch, logs, result)
+  return result
+
+
+def _evaluate(sandbox, instance, model_patch, result, logs):
+  spec = instance.test_spec
+  setup = sandbox.run(setup_script(instance, workdir=spec.workdir), timeout_s=300)
+  logs["setup.log"] = setup.output
+  if setup.exit_code != 0:
+    result.error = f"workspace setup failed (exit {setup.exit_code}): {setup.output[-500:]}"
+    return
+  cleaned = patches.clean_patch(model_patch)
+  result.empty_patch = not cleaned
+  if cleaned:
+    paths = []
+    for i, variant in enumerate(patches.patch_variants(cleaned)):
+      path = f"{_SCRATCH}/model_patch_{i}.diff"
+      sandbox.write_file(path, variant.encode("utf-8"))
+      paths.append(path)
+    applied = sandbox.run(patches.apply_script(paths, workdir=spec.workdir), timeout_s=120)
+    logs["apply_patch.log"] = applied.output
+    outcome = patches.parse_apply_output(applied.output, applied.exit_code)
+    if not outcome.applied:
+      result.outcome = grading.PATCH_FAILED
+      result.error = "the model patch did not apply with any method"
+      return
+    result.apply_method = outcome.method
+  result.patch_applied = True
+  if instance.test_patch.strip():
+    sandbox.write_file(f"{_SCRATCH}/test_patch.diff", instance.test_patch.encode("utf-8"))
+    restore = " ; ".join(
+        f"(git checkout -q {shlex.quote(instance.base_commit)} -- {shlex.quote(f)} 2>/dev/null "
+        f"|| rm -rf -- {shlex.quote(f)})"
+        for f in patches.patch_files(instance.test_patch))
+    applied = sandbox.run(f"cd {shlex.quote(spec.workdir)} && {{ {restore} ; }} && "
+                          f"git apply -v {_SCRATCH}/test_patch.diff", timeout_s=120)
+    logs["test_patch.log"] = applied.output
+    if applied.exit_code != 0:
+      result.error = f"the test patch did not apply: {applied.output[-500:]}"
+      return
+  env = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())
+  command = (f"cd {shlex.quote(spec.workdir)} && {env + ' ' if env else ''}"
+             f"timeout -k 5 {int(spec.timeout_s)} {spec.command()}")
+  run = sandbox.run(command, timeout_s=spec.timeout_s + 60)
+  logs["test_output.txt"] = run.output
+  result.test_exit_code = run.exit_code
+  if run.timed_out or run.exit_code in (124, 137):
+    result.outcome = grading.TIMED_OUT
+    result.error = f"the tests ran past {spec.timeout_s:.0f} s"
+    return
+  status = log_parsers.parse_test_log(run.output, spec.log_parser)
+  if not status:
+    result.error = f"the test run named no test (exit {run.exit_code}): {run.output[-500:]}"
+    return
+  result.tests = grading.tests_report(status, instance.FAIL_TO_PASS, instance.PASS_TO_PASS)
+  result.outcome = grading.resolution(result.tests)
+
+
+def _write_logs(log_dir, model_patch, logs, result):
+  os.makedirs(log_dir, exist_ok=True)
+  with open(os.path.join(log_dir, "patch.diff"), "w", encoding="utf-8") as f:
+    f.write(model_patch or "")
+  for name, text in logs.items():
+    with open(os.path.join(log_dir, name), "w", encoding="utf-8") as f:
+      f.write(text)
+  with open(os.path.join(log_dir, "report.json"), "w") as f:
+    json.dump(result.to_dict(), f, indent=1)
+
+
+# ----------------------------------------------------------------------------- predictions
+
+
+def load_predictions(source: str, instances: Sequence[SWEInstance]) -> dict[str, str]:
+  """Predictions {instance_id: model_patch} from "gold", "empty" or a SWE-bench predictions file.
+
+  A predictions file is JSONL (one `{"instance_id", "model_patch", "model_name_or_path"}` per
+  line) or a JSON list / {instance_id: prediction} object, as SWE-bench's harness accepts.
+  Instances without a prediction are left out (SWE-bench evaluates only predicted instances).
+
+  Raises:
+    EvaluationError: the file is unreadable, a record lacks instance_id / model_patch, or it
+      names no known instance.
+  """
+  if source == "gold":
+    return {i.instance_id: i.patch for i in instances}
+  if source == "empty":
+    return {i.instance_id: "" for i in instances}
+  if not os.path.exists(source):
+    raise EvaluationError(f"predictions must be 'gold', 'empty' or a predictions file; "
+                          f"{source!r} does not exist")
+  with open(source, encoding="utf-8") as f:
+    text = f.read()
+  try:
+    if source.endswith(".jsonl"):
+      records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    else:
+      data = json.loads(text)
+      records = list(data.values()) if isinstance(data, dict) else data
+  except json.JSONDecodeError as e:
+    raise EvaluationError(f"{source}: not valid JSON/JSONL ({e})") from None
+  predictions = {}
+  for n, record in enumerate(records):
+    if not isinstance(record, dict) or "instance_id" not in record:
+      raise EvaluationError(f"{source}: record {n} has no instance_id: {str(record)[:200]}")
+    patch = record.get("model_patch")
+    if patch is None:
+      patch = ""
+    if not isinstance(patch, str):
+      raise EvaluationError(f"{source}: record {n} model_patch must be a string")
+    predictions[record["instance_id"]] = patch
+  known = {i.instance_id for i in instances}
+  if predictions and not set(predictions) & known:
+    raise EvaluationError(f"{source}: none of its {len(predictions)} predictions names an "
+                          f"instance of the task set (e.g. {next(iter(predictions))!r})")
+  return predictions
+
+
+@dataclasses.dataclass
+class EvalSummary:
+  """A run's results: one EvalResult per instance, counts per outcome, and where logs are."""
+  results: list[EvalResult]
+  output_dir: str
+
+  @property
+  def counts(self) -> dict[str, int]:
+    counts = collections.Counter(r.outcome for r in self.results)
+    return {o: counts.get(o, 0) for o in grading.OUTCOMES}
+
+  @property
+  def resolved_rate(self) -> float:
+    return sum(r.resolved for r in self.results) / max(len(self.results), 1)
+
+  def to_dict(self) -> dict:
+    by_outcome = {o: sorted(r.instance_id for r in self.results if r.outcome == o)
+                  for o in grading.OUTCOMES}
+    return {"total_instances": len(self.results), "resolved_rate": self.resolved_rate,
+            "counts": self.counts, "empty_patch_instances": sorted(
+                r.instance_id for r in self.results if r.empty_patch),
+            "instances_by_outcome": by_outcome}
+
+  def table(self) -> str:
+    counts = self.counts
+    parts = ", ".join(f"{o} {n}" for o, n in counts.items() if n)
+    return (f"{len(self.results)} instances: {parts}; resolved {self.resolved_rate:.1%} "
+            f"(logs in {self.output_dir})")
+
+
+def evaluate_predictions(instances: Sequence[SWEInstance], predictions: Mapping[str, str], *,
+                         sandbox_factory: SandboxFactory, output_dir: str, max_workers: int = 2,
+                         progress: bool = True) -> EvalSummary:
+  """Evaluates many predictions in parallel, one fresh sandbox per instance.
+
+  Args:
+    instances: the task set; only those with a prediction are evaluated.
+    predictions: {instance_id: model patch}.
+    sandbox_factory: `instance -> context manager yielding a Sandbox` started from the
+      instance's image (e.g. `lambda i: testbed.open_sandbox(client, i.test_spec.image)`).
+    output_dir: gets `<instance_id>/` log folders, `results.jsonl` and `summary.json`.
+    max_workers: sandboxes evaluated at once.
+    progress: show a progress bar.
+
+  Returns:
+    The EvalSummary. A sandbox that fails to start gives that instance outcome "error".
+  """
+  from tqdm.auto import tqdm
+  chosen = [i for i in instances if i.instance_id in predictions]
+  os.makedirs(output_dir, exist_ok=True)
+
+  def one(instance: SWEInstance) -> EvalResult:
+    log_dir = os.path.join(output_dir, instance.instance_id)
+    try:
+      with sandbox_factory(instance) as sandbox:
+        return evaluate_in_sandbox(sandbox, instance, predictions[instance.instance_id],
+                                   log_dir=log_dir)
+    except Exception as e:  # noqa: BLE001 - one broken sandbox must not stop the run
+      result = EvalResult(instance.instance_id, grading.ERROR, error=f"{type(e).__name__}: {e}")
+      _write_logs(log_dir, predictions[instance.instance_id], {}, result)
+      return result
+
+  results: list[EvalResult] = []
+  with concurrent.futures.ThreadPoolExecutor(max(1, max_workers)) as pool, \
+      tqdm(total=len(chosen), desc="evaluate", unit="inst", disable=not progress) as bar:
+    for result in pool.map(one, chosen):
+      results.append(result)
+      bar.update(1)
+      bar.set_postfix(resolved=sum(r.resolved for r in results))
+  summary = EvalSummary(results, output_dir)
+  with open(os.path.join(output_dir, "results.jsonl"), "w") as f:
+    for r in results:
+      f.write(json.dumps(r.to_dict()) + "\n")
+  with open(os.path.join(output_dir, "summary.json"), "w") as f:
+    json.dump(summary.to_dict(), f, indent=1)
+  return summary
