@@ -1,0 +1,78 @@
+"""Command line: `python -m orchard_jax.env serve --backend local --port 8080`.
+
+API keys come from --api-keys-file (one per line) and/or $ORCHARD_ENV_API_KEYS
+(comma-separated); with neither, a key is generated and printed once.
+"""
+import argparse
+import asyncio
+import json
+import logging
+import secrets
+import sys
+
+import uvicorn
+
+from orchard_jax.env.manager import ServiceConfig
+from orchard_jax.env.orchestrator import Orchestrator, load_api_keys
+
+
+def _parser():
+  parser = argparse.ArgumentParser(prog="python -m orchard_jax.env")
+  sub = parser.add_subparsers(dest="command", required=True)
+  serve = sub.add_parser("serve", help="run the Orchard Env service")
+  serve.add_argument("--backend", choices=("local", "kubernetes"), default="local")
+  serve.add_argument("--host", default="127.0.0.1")
+  serve.add_argument("--port", type=int, default=8080)
+  serve.add_argument("--api-keys-file", default=None)
+  serve.add_argument("--public-url", default=None, help="base URL used in exposed-port URLs")
+  serve.add_argument("--log-level", default="info")
+  serve.add_argument("--config-json", default="{}",
+                     help='ServiceConfig overrides as JSON, e.g. \'{"default_timeout": 600}\'')
+  local = serve.add_argument_group("local backend")
+  local.add_argument("--state-dir", default=None)
+  local.add_argument("--image-root", action="append", default=None,
+                     help="folder under which image directories may be used (repeatable)")
+  local.add_argument("--no-strict-limits", action="store_true",
+                     help="accept limits that cannot be enforced here instead of refusing them")
+  k8s = serve.add_argument_group("kubernetes backend")
+  k8s.add_argument("--namespace", default="orchard-sandboxes")
+  k8s.add_argument("--agent-image", default=None)
+  k8s.add_argument("--kubeconfig", default=None)
+  k8s.add_argument("--in-cluster", action="store_true")
+  return parser
+
+
+def _backend(args):
+  if args.backend == "local":
+    from orchard_jax.env.backends.local import LocalBackend
+    return LocalBackend(state_dir=args.state_dir, image_roots=args.image_root,
+                        strict_limits=not args.no_strict_limits)
+  from orchard_jax.env.backends.kubernetes import KubernetesBackend, KubernetesConfig
+  config = KubernetesConfig(namespace=args.namespace)
+  if args.agent_image:
+    config.agent_image = args.agent_image
+  return KubernetesBackend(config, kubeconfig=args.kubeconfig, in_cluster=args.in_cluster)
+
+
+def main(argv=None):
+  args = _parser().parse_args(argv)
+  logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+  keys = load_api_keys(args.api_keys_file)
+  if not keys:
+    keys = [secrets.token_urlsafe(24)]
+    print(f"No API key configured; generated one for this run: {keys[0]}", flush=True)
+  config = ServiceConfig(**json.loads(args.config_json))
+  service = Orchestrator(_backend(args), api_keys=keys, host=args.host, port=args.port,
+                         config=config, public_url=args.public_url, log_level=args.log_level)
+  uv_config = uvicorn.Config(service.build(), host=args.host, port=args.port,
+                             log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=5,
+                             ws_ping_interval=None)
+  server = uvicorn.Server(uv_config)
+  print(f"Orchard Env ({args.backend}) on http://{args.host}:{args.port}", flush=True)
+  server.run()
+  if service._startup_error is not None:
+    sys.exit(f"Orchard Env did not start: {service._startup_error}")
+
+
+if __name__ == "__main__":
+  main()

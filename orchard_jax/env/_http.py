@@ -1,0 +1,117 @@
+"""The SDK's HTTP plumbing: retry policy (backoff with jitter) and error mapping.
+
+Only failures that cannot have done anything are retried: connection errors (the request never
+reached the service) and 503 answers (the service refused it). Requests marked idempotent
+(reads, waits, deletes) are also retried after read errors. A command whose HTTP request timed
+out is never sent again: the SDK polls the job it created instead.
+"""
+import dataclasses
+import os
+import random
+from typing import Optional
+
+import httpx
+
+from orchard_jax.env.errors import EnvError, ServiceUnavailable, error_from_body
+
+API_KEY_ENV = "ORCHARD_ENV_API_KEY"
+URL_ENV = "ORCHARD_ENV_URL"
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+  """Exponential backoff with jitter.
+
+  Attributes:
+    attempts: total tries (1 = no retry).
+    backoff: seconds before the first retry; doubles each time.
+    max_backoff: ceiling of one wait, seconds.
+    jitter: each wait is scaled by a uniform factor in [1 - jitter, 1 + jitter].
+  """
+  attempts: int = 6
+  backoff: float = 0.1
+  max_backoff: float = 5.0
+  jitter: float = 0.5
+
+  def delay(self, attempt: int) -> float:
+    """Seconds to wait after failed try number `attempt` (0-based)."""
+    base = min(self.max_backoff, self.backoff * (2 ** attempt))
+    return base * random.uniform(1 - self.jitter, 1 + self.jitter)
+
+
+_CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
+_READ_ERRORS = (httpx.ReadError, httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.WriteError)
+
+
+def should_retry(exc: Optional[BaseException], response: Optional[httpx.Response],
+                 idempotent: bool) -> bool:
+  if response is not None:
+    return response.status_code == 503
+  if isinstance(exc, _CONNECT_ERRORS):
+    return True
+  return idempotent and isinstance(exc, _READ_ERRORS)
+
+
+def raise_for(response: httpx.Response) -> None:
+  """Raises the EnvError the service described, if the answer is an error."""
+  if response.status_code < 400:
+    return
+  try:
+    body = response.json()
+  except ValueError:
+    body = response.text
+  raise error_from_body(response.status_code, body)
+
+
+def unreachable(url: str, exc: BaseException, attempts: int) -> EnvError:
+  return ServiceUnavailable(f"Orchard Env at {url} did not answer after {attempts} tries: "
+                            f"{type(exc).__name__}: {exc}")
+
+
+def resolve(url: Optional[str], api_key: Optional[str]) -> tuple:
+  url = url or os.environ.get(URL_ENV)
+  if not url:
+    raise ValueError(f"give the service URL (or set {URL_ENV})")
+  key = api_key or os.environ.get(API_KEY_ENV)
+  if not key:
+    raise ValueError(f"give an API key (or set {API_KEY_ENV})")
+  return url.rstrip("/"), key
+
+
+def create_body(image, cpu, memory, disk, pids, timeout, heartbeat_timeout, network, env,
+                labels, workdir) -> dict:
+  body = {"image": image, "network": network, "env": dict(env or {}),
+          "labels": dict(labels or {})}
+  for key, value in (("cpu", cpu), ("memory", memory), ("disk", disk), ("pids", pids),
+                     ("timeout", timeout), ("heartbeat_timeout", heartbeat_timeout),
+                     ("workdir", workdir)):
+    if value is not None:
+      body[key] = value
+  return body
+
+
+def exec_body(command, cwd, env, timeout, merge_stderr, max_output_bytes, stdin, shell,
+              wait) -> dict:
+  import base64
+  body = {"command": command, "env": dict(env or {}), "merge_stderr": merge_stderr,
+          "wait": wait}
+  for key, value in (("cwd", cwd), ("timeout", timeout), ("max_output_bytes", max_output_bytes),
+                     ("shell", shell)):
+    if value is not None:
+      body[key] = value
+  if stdin is not None:
+    body["stdin_b64"] = base64.b64encode(stdin.encode() if isinstance(stdin, str)
+                                         else bytes(stdin)).decode()
+  return body
+
+
+def patch_body(patch, cwd) -> dict:
+  import base64
+  body = {}
+  if isinstance(patch, str):
+    body["patch"] = patch
+  else:
+    body["patch_b64"] = base64.b64encode(bytes(patch)).decode()
+  if cwd is not None:
+    body["cwd"] = cwd
+  return body

@@ -1,0 +1,347 @@
+"""The REST service (FastAPI): routes over a SandboxManager, X-API-Key auth, metrics.
+
+Routes (all under /v1 need the `X-API-Key` header: 401 when missing, 403 when wrong):
+
+| method and path | what |
+| --- | --- |
+| POST /v1/sandboxes | create (body: api.CreateSandbox) -> sandbox, 201 |
+| GET /v1/sandboxes?label=k=v | list |
+| GET /v1/sandboxes/{id} | get |
+| POST /v1/sandboxes/{id}/wait?timeout=s | wait until ready (server side) |
+| DELETE /v1/sandboxes/{id} | delete |
+| POST /v1/sandboxes/{id}/heartbeat | keep alive (heartbeat_timeout) |
+| POST /v1/sandboxes/{id}/exec | run a command as a job (body: api.Exec) -> job |
+| GET /v1/sandboxes/{id}/jobs[/{job}] | list jobs / get one |
+| POST /v1/sandboxes/{id}/jobs/{job}/wait?timeout=s | wait for a job (returns it running at timeout) |
+| POST /v1/sandboxes/{id}/jobs/{job}/cancel | kill a job's process tree |
+| PUT /v1/sandboxes/{id}/files?path=&mode=644 | upload raw bytes |
+| GET /v1/sandboxes/{id}/files?path= | download raw bytes |
+| GET /v1/sandboxes/{id}/files/list?path= | list a folder |
+| POST /v1/sandboxes/{id}/patch | apply a unified diff (body: api.Patch) |
+| GET /v1/sandboxes/{id}/stats | resource usage |
+| POST/GET /v1/sandboxes/{id}/ports, DELETE .../ports/{exposure} | expose a port at a URL |
+| WS /v1/sandboxes/{id}/pty?rows=&cols= | interactive shell (binary frames = bytes; text frames = JSON {"type": "resize", "rows", "cols"}) |
+| ANY /exposed/{token}/{path} | the exposed service (the token is the credential) |
+| GET /health | public liveness and what the backend enforces |
+| GET /metrics | Prometheus metrics (auth) |
+"""
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import time
+from typing import Optional
+
+import fastapi
+import httpcore
+import prometheus_client
+from fastapi import responses
+from prometheus_client import core as prom_core
+
+from orchard_jax.env import api as _api
+from orchard_jax.env import jobs as _jobs
+from orchard_jax.env import store as _store
+from orchard_jax.env.errors import (AuthenticationError, EnvError, InvalidRequest,
+                                    PermissionDenied)
+from orchard_jax.env.manager import SandboxManager
+
+_log = logging.getLogger("orchard_jax.env.app")
+API_KEY_HEADER = "X-API-Key"
+_HOP_HEADERS = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+                "trailers", "transfer-encoding", "upgrade", "host", "content-length"}
+
+
+def _check_key(given: Optional[str], keys: tuple) -> None:
+  if not given:
+    raise AuthenticationError(f"missing {API_KEY_HEADER} header")
+  if not any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):
+    raise PermissionDenied(f"the {API_KEY_HEADER} given is not a valid key")
+
+
+class _Metrics:
+  """Prometheus metrics of one service (its own registry, so several can share a process)."""
+
+  def __init__(self, manager: SandboxManager):
+    self.registry = prometheus_client.CollectorRegistry()
+    self.manager = manager
+    self.states = {}
+    self.job_seconds = prometheus_client.Histogram(
+        "orchard_env_job_duration_seconds", "Command run time", ["status"],
+        buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120, 600), registry=self.registry)
+    self.create_seconds = prometheus_client.Histogram(
+        "orchard_env_sandbox_create_seconds", "Time from create to ready",
+        buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120), registry=self.registry)
+    self.registry.register(self)
+    manager.on_job_done = lambda job: self.job_seconds.labels(job["status"]).observe(
+        job["duration"] or 0)
+    manager.on_created = self.create_seconds.observe
+
+  def collect(self):
+    gauge = prom_core.GaugeMetricFamily("orchard_env_sandboxes", "Sandboxes by state",
+                                        labels=["state"])
+    for state, n in sorted(self.states.items()):
+      gauge.add_metric([state], n)
+    yield gauge
+    for name, value in self.manager.counters.items():
+      family = prom_core.CounterMetricFamily(f"orchard_env_{name}", f"Total {name}")
+      family.add_metric([], value)
+      yield family
+
+
+class _SocketStream(httpcore.AsyncNetworkStream):
+  """httpcore's view of a connection the backend opened into a sandbox."""
+
+  def __init__(self, reader, writer):
+    self.reader, self.writer = reader, writer
+
+  async def read(self, max_bytes, timeout=None):
+    return await asyncio.wait_for(self.reader.read(max_bytes), timeout)
+
+  async def write(self, buffer, timeout=None):
+    self.writer.write(buffer)
+    await asyncio.wait_for(self.writer.drain(), timeout)
+
+  async def aclose(self):
+    self.writer.close()
+
+  def get_extra_info(self, info):
+    return None
+
+
+class _SandboxNetwork(httpcore.AsyncNetworkBackend):
+  """Connects httpcore to one port of one sandbox, whatever host it is asked for."""
+
+  def __init__(self, open_port):
+    self.open_port = open_port
+
+  async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+    reader, writer = await asyncio.wait_for(self.open_port(), timeout)
+    return _SocketStream(reader, writer)
+
+  async def connect_unix_socket(self, *args, **kwargs):
+    raise NotImplementedError
+
+  async def sleep(self, seconds):
+    await asyncio.sleep(seconds)
+
+
+def build_app(manager: SandboxManager, api_keys, *, public_url: Optional[str] = None,
+              lifespan=None) -> fastapi.FastAPI:
+  """The FastAPI application of the service.
+
+  Args:
+    manager: the logic (started and stopped by `lifespan`).
+    api_keys: accepted X-API-Key values.
+    public_url: base URL used in exposed-port URLs (default: the URL the request came to).
+  """
+  keys = tuple(api_keys)
+  if not keys:
+    raise ValueError("at least one API key is required")
+  app = fastapi.FastAPI(title="Orchard Env", version="1", lifespan=lifespan)
+  metrics = _Metrics(manager)
+  app.state.manager = manager
+
+  async def auth(x_api_key: Optional[str] = fastapi.Header(None)):
+    _check_key(x_api_key, keys)
+
+  @app.exception_handler(EnvError)
+  async def _env_error(request, exc: EnvError):
+    return responses.JSONResponse(exc.to_json(), status_code=exc.status_code)
+
+  @app.exception_handler(fastapi.exceptions.RequestValidationError)
+  async def _validation_error(request, exc):
+    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+    return responses.JSONResponse(InvalidRequest(f"invalid request: {problems}").to_json(),
+                                  status_code=422)
+
+  @app.get("/health")
+  async def health():
+    return {"status": "ok", "backend": manager.backend.describe(),
+            "sandboxes": await manager.store.count(_store.SANDBOX)}
+
+  v1 = fastapi.APIRouter(prefix="/v1", dependencies=[fastapi.Depends(auth)])
+
+  @app.get("/metrics", dependencies=[fastapi.Depends(auth)])
+  async def prometheus_metrics():
+    states = {}
+    for record in await manager.store.list(_store.SANDBOX):
+      states[record["state"]] = states.get(record["state"], 0) + 1
+    metrics.states = states
+    return responses.Response(prometheus_client.generate_latest(metrics.registry),
+                              media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+  @v1.post("/sandboxes", status_code=201)
+  async def create(body: _api.CreateSandbox):
+    return await manager.create(body)
+
+  @v1.get("/sandboxes")
+  async def list_sandboxes(label: list[str] = fastapi.Query([]), include_deleted: bool = False):
+    labels = {}
+    for item in label:
+      key, sep, value = item.partition("=")
+      if not sep:
+        raise InvalidRequest(f"label filter must be key=value; got {item!r}")
+      labels[key] = value
+    return {"sandboxes": await manager.list(labels, include_deleted)}
+
+  @v1.get("/sandboxes/{sandbox_id}")
+  async def get(sandbox_id: str):
+    from orchard_jax.env.manager import public_sandbox
+    return public_sandbox(await manager.get(sandbox_id))
+
+  @v1.post("/sandboxes/{sandbox_id}/wait")
+  async def wait(sandbox_id: str, timeout: float = fastapi.Query(60, gt=0, le=600)):
+    return await manager.wait_ready(sandbox_id, timeout)
+
+  @v1.delete("/sandboxes/{sandbox_id}")
+  async def delete(sandbox_id: str):
+    return await manager.delete(sandbox_id)
+
+  @v1.post("/sandboxes/{sandbox_id}/heartbeat")
+  async def heartbeat(sandbox_id: str):
+    return await manager.heartbeat(sandbox_id)
+
+  @v1.post("/sandboxes/{sandbox_id}/exec")
+  async def exec_(sandbox_id: str, body: _api.Exec):
+    return await manager.exec(sandbox_id, body)
+
+  @v1.get("/sandboxes/{sandbox_id}/jobs")
+  async def list_jobs(sandbox_id: str):
+    return {"jobs": await manager.list_jobs(sandbox_id)}
+
+  @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}")
+  async def get_job(sandbox_id: str, job_id: str):
+    return await manager.wait_job(sandbox_id, job_id, 0)
+
+  @v1.post("/sandboxes/{sandbox_id}/jobs/{job_id}/wait")
+  async def wait_job(sandbox_id: str, job_id: str,
+                     timeout: float = fastapi.Query(60, ge=0, le=600)):
+    return await manager.wait_job(sandbox_id, job_id, timeout)
+
+  @v1.post("/sandboxes/{sandbox_id}/jobs/{job_id}/cancel")
+  async def cancel_job(sandbox_id: str, job_id: str):
+    return await manager.cancel_job(sandbox_id, job_id)
+
+  @v1.put("/sandboxes/{sandbox_id}/files")
+  async def upload(sandbox_id: str, request: fastapi.Request, path: str,
+                   mode: str = "644"):
+    try:
+      mode_bits = int(mode, 8)
+    except ValueError:
+      raise InvalidRequest(f"mode must be octal like 644 or 755; got {mode!r}") from None
+    return await manager.write_file(sandbox_id, path, await request.body(), mode_bits)
+
+  @v1.get("/sandboxes/{sandbox_id}/files")
+  async def download(sandbox_id: str, path: str):
+    data = await manager.read_file(sandbox_id, path)
+    return responses.Response(data, media_type="application/octet-stream")
+
+  @v1.get("/sandboxes/{sandbox_id}/files/list")
+  async def list_files(sandbox_id: str, path: str = "."):
+    return {"entries": await manager.list_files(sandbox_id, path)}
+
+  @v1.post("/sandboxes/{sandbox_id}/patch")
+  async def patch(sandbox_id: str, body: _api.Patch):
+    return await manager.apply_patch(sandbox_id, body)
+
+  @v1.get("/sandboxes/{sandbox_id}/stats")
+  async def stats(sandbox_id: str):
+    record = await manager.ready_record(sandbox_id)
+    return await manager.backend.stats(sandbox_id, record["ref"])
+
+  @v1.post("/sandboxes/{sandbox_id}/ports", status_code=201)
+  async def expose(sandbox_id: str, body: _api.Expose, request: fastapi.Request):
+    base = public_url or str(request.base_url)
+    return await manager.expose(sandbox_id, body, base)
+
+  @v1.get("/sandboxes/{sandbox_id}/ports")
+  async def list_ports(sandbox_id: str):
+    return {"ports": await manager.list_exposures(sandbox_id)}
+
+  @v1.delete("/sandboxes/{sandbox_id}/ports/{exposure_id}")
+  async def unexpose(sandbox_id: str, exposure_id: str):
+    await manager.unexpose(sandbox_id, exposure_id)
+    return {"deleted": True}
+
+  app.include_router(v1)
+
+  @app.websocket("/v1/sandboxes/{sandbox_id}/pty")
+  async def pty(websocket: fastapi.WebSocket, sandbox_id: str, rows: int = 24, cols: int = 80,
+                shell: Optional[str] = None):
+    given = websocket.headers.get(API_KEY_HEADER) or websocket.query_params.get("api_key")
+    try:
+      _check_key(given, keys)
+      record = await manager.ready_record(sandbox_id)
+    except EnvError as e:
+      await websocket.close(code=4401 if isinstance(e, AuthenticationError) else 4404,
+                            reason=e.message[:120])
+      return
+    spec = manager.job_spec(record, _api.Exec(command=[shell] if shell else ["/bin/sh", "-c",
+                            "exec $(command -v bash || echo /bin/sh) -i"]))
+    spec.env["TERM"] = "xterm-256color"
+    session = await manager.backend.open_pty(sandbox_id, record["ref"], spec)
+    await session.resize(rows, cols)
+    await websocket.accept()
+
+    async def pump_out():
+      while True:
+        data = await session.read()
+        if not data:
+          return
+        await websocket.send_bytes(data)
+
+    async def pump_in():
+      while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+          return
+        if message.get("bytes"):
+          await session.write(message["bytes"])
+        elif message.get("text"):
+          try:
+            control = json.loads(message["text"])
+          except ValueError:
+            await session.write(message["text"].encode())
+            continue
+          if control.get("type") == "resize":
+            await session.resize(int(control["rows"]), int(control["cols"]))
+          elif control.get("type") == "input":
+            await session.write(str(control.get("data", "")).encode())
+
+    tasks = [asyncio.ensure_future(pump_out()), asyncio.ensure_future(pump_in())]
+    try:
+      await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+      for task in tasks:
+        task.cancel()
+      await session.close()
+      try:
+        await websocket.close()
+      except RuntimeError:
+        pass
+
+  @app.api_route("/exposed/{token}/{path:path}",
+                 methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
+  async def exposed(token: str, path: str, request: fastapi.Request):
+    record, exposure = await manager.resolve_exposure(token)
+    network = _SandboxNetwork(lambda: manager.backend.open_port(
+        record["id"], record["ref"], exposure["port"]))
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS]
+    headers.append(("host", f"localhost:{exposure['port']}"))
+    target = "/" + path + (("?" + request.url.query) if request.url.query else "")
+    body = await request.body()
+    try:
+      async with httpcore.AsyncConnectionPool(network_backend=network, retries=0) as pool:
+        response = await pool.request(request.method, f"http://localhost:{exposure['port']}{target}",
+                                      headers=headers, content=body)
+    except (OSError, EnvError, httpcore.ConnectError, httpcore.ReadError,
+            httpcore.RemoteProtocolError) as e:
+      return responses.JSONResponse(
+          {"error": {"code": "bad_gateway", "message": f"port {exposure['port']} of "
+                     f"{record['id']} did not answer: {e}"}}, status_code=502)
+    out_headers = {k.decode(): v.decode() for k, v in response.headers
+                   if k.decode().lower() not in _HOP_HEADERS}
+    return responses.Response(response.content, status_code=response.status, headers=out_headers)
+
+  return app

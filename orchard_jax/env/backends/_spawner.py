@@ -1,0 +1,462 @@
+"""The local backend's process spawner: one small single-threaded helper per orchestrator.
+
+Why it exists: a command must run inside a sandbox's existing namespaces and cgroups without
+paying for a new sandbox, and the orchestrator (a multi-threaded asyncio process) cannot call
+setns(2) or fork safely itself. This helper is started once, stays single-threaded, and forks
+for every request; the forked child joins the sandbox's cgroups, enters its namespaces through
+a pidfd (setns(2) with several CLONE_NEW* flags at once, Linux >= 5.8), forks once more so the
+command is inside the sandbox's pid namespace, drops privileges and execs. That costs about one
+fork + exec, which is what keeps an exec round trip in the low milliseconds (nsenter(1) would add
+a second exec and cannot join cgroups before the command starts).
+
+It is a standalone script (standard library only, run with `python -I -S`), so it starts fast and
+never imports the service. Protocol: a SOCK_SEQPACKET socket; each request is one message with a
+JSON body and the file descriptors it names in `fds` (SCM_RIGHTS). The helper never answers on
+the socket itself; results travel on descriptors that came with the request:
+
+- op "spawn", mode "direct" (used to start bubblewrap): fork + exec `argv` with the given fds
+  as 0/1/2 and `extra` fds as 3, 4, ...; the helper stays the parent (so bwrap's
+  --die-with-parent ties the sandbox to the helper, and the helper to the orchestrator) and
+  writes JSON lines to the `status` fd: {"pid": N}, then {"exit": code} or {"signal": n}.
+- op "spawn", mode "enter": a middle process enters the namespaces of the process behind
+  `pidfd`, forks the command (new session, sandbox uid/gid, no_new_privs, `cwd`), and writes
+  {"pid": N} then {"exit": code} | {"signal": n} | {"error": message} to `status`.
+- op "file": enters the mount (and user) namespace with the sandbox's credentials and performs
+  one file operation (read, write, list, stat), writing a JSON header line and then any data
+  on `reply`; a write reads its bytes from `data`.
+- op "connect": enters the network (and user) namespace, connects a TCP socket to
+  127.0.0.1:`port` and sends the connected socket back over the `reply` unix socket.
+
+When the orchestrator goes away (socket EOF or its death, via PR_SET_PDEATHSIG), the helper
+exits, and every sandbox started with bwrap --die-with-parent dies with it.
+"""
+import ctypes
+import errno
+import json
+import os
+import selectors
+import signal
+import socket
+import stat
+import struct
+import sys
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NO_NEW_PRIVS = 38
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
+_TIOCSCTTY = 0x540E
+_MAX_FDS = 16
+
+
+class _SpawnError(Exception):
+  pass
+
+
+def _check(ret, what):
+  if ret != 0:
+    err = ctypes.get_errno()
+    raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _prctl(option, arg):
+  _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl({option})")
+
+
+def _setns(fd, flags):
+  _check(_libc.setns(fd, flags), "setns")
+
+
+def _write_json(fd, obj):
+  data = (json.dumps(obj) + "\n").encode()
+  try:
+    os.write(fd, data)
+  except OSError:
+    pass
+
+
+def _join_cgroups(paths):
+  pid = str(os.getpid()).encode()
+  for path in paths:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+      os.write(fd, pid)
+    finally:
+      os.close(fd)
+
+
+def _enter(req, fds):
+  """Joins cgroups and namespaces of the sandbox; after this, / is the sandbox's root."""
+  _join_cgroups(req.get("cgroups", ()))
+  flags = req["ns_flags"]
+  if flags:
+    _setns(fds["pidfd"], flags)
+  os.chdir("/")
+
+
+def _drop_privileges(creds):
+  if not creds:
+    return
+  uid, gid = creds["uid"], creds["gid"]
+  try:
+    os.setgroups([])
+  except OSError:   # user namespaces created by an unprivileged user deny setgroups
+    pass
+  os.setresgid(gid, gid, gid)
+  os.setresuid(uid, uid, uid)
+
+
+def _exec_command(req, fds, err_w):
+  """Runs in the command process (inside the pid namespace when entered). Never returns."""
+  try:
+    os.setsid()
+    if req.get("tty"):
+      import fcntl
+      fcntl.ioctl(fds["stdin"], _TIOCSCTTY, 0)
+    _drop_privileges(req.get("creds"))
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    cwd = req.get("cwd") or "/"
+    try:
+      os.chdir(cwd)
+    except OSError as e:
+      raise _SpawnError(f"working directory {cwd!r} is not usable in the sandbox: "
+                        f"{os.strerror(e.errno)}") from None
+    argv = _command_argv(req)
+    os.dup2(fds["stdin"], 0)
+    os.dup2(fds["stdout"], 1)
+    os.dup2(fds["stderr"], 2)
+    for i, fd in enumerate(fds.get("extra", ())):
+      os.dup2(fd, 3 + i)
+    keep = 3 + len(fds.get("extra", ()))
+    for fd in _open_fds():
+      if fd >= keep and fd != err_w:
+        try:
+          os.close(fd)
+        except OSError:
+          pass
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.set_inheritable(err_w, False)
+    os.execvpe(argv[0], argv, req.get("env") or {})
+  except BaseException as e:  # noqa: BLE001 - reported to the orchestrator, then exit
+    if isinstance(e, _SpawnError):
+      msg = str(e)
+    elif isinstance(e, OSError) and e.errno:
+      msg = f"cannot start {req['argv'][0]!r}: {os.strerror(e.errno)}"
+    else:
+      msg = f"cannot start {req['argv'][0]!r}: {e!r}"
+    try:
+      if req.get("mode") == "direct":
+        _write_json(err_w, {"error": msg})
+      else:
+        os.write(err_w, msg.encode()[:4000])
+    finally:
+      os._exit(127)
+
+
+def _open_fds():
+  try:
+    return [int(x) for x in os.listdir("/proc/self/fd")]
+  except OSError:
+    return list(range(3, 256))
+
+
+def _status_of(wait_status):
+  if os.WIFSIGNALED(wait_status):
+    return {"signal": os.WTERMSIG(wait_status)}
+  return {"exit": os.waitstatus_to_exitcode(wait_status)}
+
+
+def _command_argv(req):
+  argv = list(req["argv"])
+  if req.get("shell") is not None:   # a command string: run it with the image's shell
+    shell = req["shell"]
+    if shell == "auto":
+      shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+    argv = [shell, "-c", argv[0]]
+  return argv
+
+
+def _which(name, env):
+  if "/" in name:
+    return name
+  for folder in (env.get("PATH") or os.defpath).split(":"):
+    path = os.path.join(folder or ".", name)
+    if os.access(path, os.X_OK) and not os.path.isdir(path):
+      return path
+  raise _SpawnError(f"cannot start {name!r}: command not found in PATH")
+
+
+def _fork_command(req, fds):
+  """Starts the command (posix_spawn: a vfork-style clone, so it lands in the pid namespace
+  entered above), reports its pid, waits for it and reports how it ended.
+
+  This middle process drops to the sandbox's credentials first, so the command inherits
+  them, no_new_privs and the working directory without any code between clone and exec.
+  """
+  status_fd = fds["status"]
+  try:
+    if req.get("tty"):
+      return _fork_tty_command(req, fds)
+    _drop_privileges(req.get("creds"))
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    cwd = req.get("cwd") or "/"
+    try:
+      os.chdir(cwd)
+    except OSError as e:
+      raise _SpawnError(f"working directory {cwd!r} is not usable in the sandbox: "
+                        f"{os.strerror(e.errno)}") from None
+    argv = _command_argv(req)
+    env = req.get("env") or {}
+    path = _which(argv[0], env)
+    actions = [(os.POSIX_SPAWN_DUP2, fds["stdin"], 0), (os.POSIX_SPAWN_DUP2, fds["stdout"], 1),
+               (os.POSIX_SPAWN_DUP2, fds["stderr"], 2)]
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+      pid = os.posix_spawn(path, argv, env, file_actions=actions, setsid=True,
+                           setsigdef=(signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT))
+    except OSError as e:
+      raise _SpawnError(f"cannot start {argv[0]!r}: {os.strerror(e.errno)}") from None
+  except _SpawnError as e:
+    _write_json(status_fd, {"error": str(e)})
+    return
+  _write_json(status_fd, {"pid": pid})
+  for name in ("stdin", "stdout", "stderr"):
+    try:
+      os.close(fds[name])
+    except (KeyError, OSError):
+      pass
+  while True:
+    try:
+      _, wait_status = os.waitpid(pid, 0)
+      break
+    except InterruptedError:
+      continue
+  _write_json(status_fd, _status_of(wait_status))
+
+
+def _fork_tty_command(req, fds):
+  """Like _fork_command for a shell on a terminal (needs TIOCSCTTY in the child: a real fork)."""
+  err_r, err_w = os.pipe2(os.O_CLOEXEC)
+  pid = os.fork()
+  if pid == 0:
+    os.close(err_r)
+    _exec_command(req, fds, err_w)
+  os.close(err_w)
+  chunks = []
+  while True:
+    chunk = os.read(err_r, 4096)
+    if not chunk:
+      break
+    chunks.append(chunk)
+  os.close(err_r)
+  status_fd = fds["status"]
+  if chunks:
+    os.waitpid(pid, 0)
+    _write_json(status_fd, {"error": b"".join(chunks).decode(errors="replace")})
+    return
+  _write_json(status_fd, {"pid": pid})
+  os.close(fds["stdin"])
+  while True:
+    try:
+      _, wait_status = os.waitpid(pid, 0)
+      break
+    except InterruptedError:
+      continue
+  _write_json(status_fd, _status_of(wait_status))
+
+
+def _file_op(req, fds):
+  """One file operation inside the sandbox, with the sandbox's own credentials."""
+  reply = fds["reply"]
+  path = req["path"]
+  action = req["action"]
+  try:
+    if action == "read":
+      fd = os.open(path, os.O_RDONLY | os.O_NOCTTY)
+      st = os.fstat(fd)
+      if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+      _write_json(reply, {"ok": True, "size": st.st_size})
+      while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+          break
+        view = memoryview(chunk)
+        while view:
+          n = os.write(reply, view)
+          view = view[n:]
+      os.close(fd)
+    elif action == "write":
+      parent = os.path.dirname(path)
+      if parent and req.get("make_parents", True):
+        os.makedirs(parent, exist_ok=True)
+      tmp = f"{path}.orchard-upload-{os.getpid()}"
+      fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, req.get("mode", 0o644))
+      total = 0
+      try:
+        while True:
+          chunk = os.read(fds["data"], 1 << 20)
+          if not chunk:
+            break
+          view = memoryview(chunk)
+          while view:
+            n = os.write(fd, view)
+            view = view[n:]
+          total += len(chunk)
+        os.fchmod(fd, req.get("mode", 0o644))
+        os.close(fd)
+        if total != req.get("size", total):
+          raise OSError(errno.EIO, f"received {total} of {req['size']} bytes")
+        os.rename(tmp, path)
+      except BaseException:
+        try:
+          os.unlink(tmp)
+        except OSError:
+          pass
+        raise
+      _write_json(reply, {"ok": True, "size": total})
+    elif action in ("list", "stat"):
+      st = os.lstat(path)
+      entries = []
+      if action == "list" and stat.S_ISDIR(st.st_mode):
+        with os.scandir(path) as it:
+          for entry in it:
+            entries.append(_describe(entry.path, entry.name, entry.stat(follow_symlinks=False)))
+        entries.sort(key=lambda e: e["name"])
+      else:
+        entries.append(_describe(path, os.path.basename(path) or "/", st))
+      _write_json(reply, {"ok": True, "entries": entries})
+    else:
+      raise ValueError(f"unknown file action {action!r}")
+  except OSError as e:
+    _write_json(reply, {"ok": False, "errno": e.errno, "error": f"{path}: {e.strerror or e}"})
+  except Exception as e:  # noqa: BLE001 - reported to the orchestrator
+    _write_json(reply, {"ok": False, "errno": None, "error": f"{path}: {e}"})
+
+
+def _describe(path, name, st):
+  if stat.S_ISDIR(st.st_mode):
+    kind = "directory"
+  elif stat.S_ISREG(st.st_mode):
+    kind = "file"
+  elif stat.S_ISLNK(st.st_mode):
+    kind = "symlink"
+  else:
+    kind = "other"
+  entry = {"name": name, "path": path, "type": kind, "size": st.st_size,
+           "mode": stat.S_IMODE(st.st_mode), "mtime": st.st_mtime}
+  if kind == "symlink":
+    try:
+      entry["target"] = os.readlink(path)
+    except OSError:
+      pass
+  return entry
+
+
+def _connect(req, fds):
+  sock = socket.create_connection((req.get("host", "127.0.0.1"), req["port"]), timeout=10)
+  sock.setblocking(True)
+  socket.socket(fileno=os.dup(fds["reply"])).sendmsg(
+      [b"ok"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", sock.fileno()))])
+
+
+def _child(req, fds):
+  """Runs in a forked child of the helper; always ends with os._exit."""
+  code = 0
+  try:
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    op = req["op"]
+    if op == "spawn" and req.get("mode") == "direct":
+      _join_cgroups(req.get("cgroups", ()))
+      _exec_command(req, fds, fds["status"])
+    try:
+      _enter(req, fds)
+      if op == "spawn":
+        _fork_command(req, fds)
+      elif op == "file":
+        _drop_privileges(req.get("creds"))
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        _file_op(req, fds)
+      elif op == "connect":
+        _connect(req, fds)
+    except OSError as e:
+      target = fds.get("status", fds.get("reply"))
+      if target is not None:
+        if op == "file":
+          _write_json(target, {"ok": False, "errno": e.errno, "error": str(e)})
+        else:
+          _write_json(target, {"error": f"cannot enter the sandbox: {e}"})
+      code = 1
+  except BaseException:  # noqa: BLE001 - a child must never return into the helper loop
+    code = 2
+  os._exit(code)
+
+
+def main():
+  sock = socket.socket(fileno=int(sys.argv[1]))
+  parent = os.getppid()
+  _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+  if os.getppid() != parent:
+    os._exit(0)
+  wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+  signal.set_wakeup_fd(wake_w)
+  signal.signal(signal.SIGCHLD, lambda *_: None)
+  signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the orchestrator, not here
+  direct = {}   # pid -> status fd of children started in "direct" mode (bubblewrap)
+  sel = selectors.DefaultSelector()
+  sel.register(sock, selectors.EVENT_READ)
+  sel.register(wake_r, selectors.EVENT_READ)
+  while True:
+    for key, _ in sel.select():
+      if key.fileobj is sock:
+        try:
+          msg, fdlist, _, _ = socket.recv_fds(sock, 1 << 20, _MAX_FDS)
+        except InterruptedError:
+          continue
+        if not msg:
+          os._exit(0)
+        req = json.loads(msg)
+        names = req.pop("fds")
+        fds = {}
+        extra = []
+        for name, fd in zip(names, fdlist):
+          if name == "extra":
+            extra.append(fd)
+          else:
+            fds[name] = fd
+        fds["extra"] = extra
+        pid = os.fork()
+        if pid == 0:
+          sock.close()
+          os.close(wake_r)
+          os.close(wake_w)
+          _child(req, fds)
+        if req["op"] == "spawn" and req.get("mode") == "direct":
+          _write_json(fds["status"], {"pid": pid})
+          direct[pid] = os.dup(fds["status"])
+        for fd in fdlist:
+          os.close(fd)
+      else:
+        try:
+          while os.read(wake_r, 4096):
+            pass
+        except BlockingIOError:
+          pass
+        while True:
+          try:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+          except ChildProcessError:
+            break
+          if pid == 0:
+            break
+          status_fd = direct.pop(pid, None)
+          if status_fd is not None:
+            _write_json(status_fd, _status_of(wait_status))
+            os.close(status_fd)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,790 @@
+"""The local backend: every sandbox is a bubblewrap sandbox on this machine.
+
+A sandbox is `bwrap` with new pid, mount, ipc, uts, cgroup (and, unless network is allowed,
+network) namespaces, a read-only view of its image, a private size-limited tmpfs workspace and
+/tmp, and cgroups for cpu, memory and process count. Its only long-lived processes are
+bubblewrap's two and a `sh -c 'read _'` placeholder: no Python process per sandbox.
+
+Commands do not create sandboxes: the spawner helper (`_spawner.py`) forks, joins the
+sandbox's cgroups, enters its namespaces through a pidfd and execs the command as the
+sandbox user (uid 65534 when the service runs as root; the caller's uid mapped into a user
+namespace otherwise), with no_new_privs and no capabilities.
+
+Ties to the service, so nothing outlives it: bwrap runs with --die-with-parent under the
+spawner, which has PR_SET_PDEATHSIG on the service; the placeholder's stdin is a pipe held by
+the service (EOF ends the sandbox); mounts live only in the sandbox's mount namespace; and a
+small JSON file per sandbox in the state directory names its pids and cgroups, so a restart
+after SIGKILL finds and removes whatever is left (see `list_sandboxes`, `delete`).
+"""
+import asyncio
+import json
+import logging
+import os
+import resource
+import shutil
+import signal
+import socket
+import struct
+import sys
+import time
+import hashlib
+from typing import Optional, Sequence
+
+from orchard_jax.env import jobs as _jobs
+from orchard_jax.env import images as _images
+from orchard_jax.env.backends import _cgroups
+from orchard_jax.env.backends.base import Backend, PtySession, SandboxSpec
+from orchard_jax.env.errors import (BackendUnavailable, EnvError, FileOperationError,
+                                    InvalidRequest, LimitNotEnforceable, SandboxFailed,
+                                    SandboxFileNotFound)
+
+_log = logging.getLogger("orchard_jax.env.local")
+_SPAWNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_spawner.py")
+_NS = {"mnt": 0x00020000, "cgroup": 0x02000000, "uts": 0x04000000, "ipc": 0x08000000,
+       "user": 0x10000000, "pid": 0x20000000, "net": 0x40000000}
+_HOST_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+_SEED_MOUNT = "/.orchard/seed"
+_INSTALL_HINT = ("bubblewrap is not installed: install it with `sudo apt-get install -y "
+                 "bubblewrap` (Debian/Ubuntu) or `sudo dnf install bubblewrap` (Fedora)")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _start_time(pid: int) -> Optional[int]:
+  """The process's start time in clock ticks (tells a pid from a reused one)."""
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      data = f.read()
+    return int(data[data.rindex(b")") + 2:].split()[19])
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+class LocalBackend(Backend):
+  """Sandboxes as bubblewrap namespaces on this machine.
+
+  Args:
+    state_dir: folder for one small JSON file per sandbox (pids, cgroups) so a restarted
+      service can remove leftovers; default `<cache>/env/local/state`. Use one per service.
+    image_roots: folders under which image directories may be used (default: the orchard_jax
+      cache folder). A path outside all of them is refused (ImageNotAllowed).
+    strict_limits: True (default) refuses a requested cpu/memory/pids limit that no cgroup
+      controller here can enforce (LimitNotEnforceable); False creates the sandbox anyway and
+      reports the limit as not enforced.
+    default_pids: process-count limit applied when a request gives none (fork-bomb guard; not
+      an error when it cannot be enforced).
+    default_disk: bytes of the workspace and of /tmp when a request gives none.
+    sandbox_uid, sandbox_gid: host ids commands run as when the service runs as root.
+    user_namespace: None picks automatically (used when not root); True forces one.
+    host_paths: extra host folders shown read-only in "host" images (e.g. a Python prefix
+      outside /usr; the running interpreter's prefix is added automatically).
+    bwrap: the bubblewrap executable.
+    start_timeout: seconds a sandbox may take to come up.
+  Raises (from start):
+    BackendUnavailable: bubblewrap missing or unusable here, with the command to install it.
+  """
+
+  name = "local"
+
+  def __init__(self, *, state_dir: Optional[str] = None, image_roots: Optional[Sequence[str]] = None,
+               strict_limits: bool = True, default_pids: Optional[int] = 4096,
+               default_disk: int = 4 << 30, sandbox_uid: int = 65534, sandbox_gid: int = 65534,
+               user_namespace: Optional[bool] = None, host_paths: Sequence[str] = (),
+               bwrap: str = "bwrap", start_timeout: float = 30.0):
+    cache = _images.default_cache_dir()
+    self.state_dir = os.path.abspath(state_dir or os.path.join(cache, "env", "local", "state"))
+    self.image_roots = list(image_roots) if image_roots is not None else [cache]
+    self.strict_limits = strict_limits
+    self.default_pids = default_pids
+    self.default_disk = default_disk
+    self.is_root = os.geteuid() == 0
+    self.user_namespace = (not self.is_root) if user_namespace is None else user_namespace
+    self.creds = None if self.user_namespace else {"uid": sandbox_uid, "gid": sandbox_gid}
+    self.host_paths = list(host_paths)
+    prefix = os.path.realpath(sys.base_prefix)
+    if not any(prefix == d or prefix.startswith(d + "/") for d in _HOST_DIRS):
+      self.host_paths.append(prefix)
+    self.bwrap = bwrap
+    self.start_timeout = start_timeout
+    self._cgroups = None
+    self._spawner = None
+    self._sock = None
+    self._boxes = {}          # sandbox id -> _Box (this process's handles)
+    self._jobs = {}           # job id -> asyncio.Task giving a JobResult
+    self._cancels = {}        # job id -> asyncio.Event
+
+  # ------------------------------------------------------------------ lifecycle
+  async def start(self) -> None:
+    path = shutil.which(self.bwrap)
+    if path is None:
+      raise BackendUnavailable(_INSTALL_HINT)
+    self.bwrap = path
+    os.makedirs(os.path.join(self.state_dir, "sandboxes"), exist_ok=True)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+      resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    root_name = "orchard-env-" + hashlib.sha1(self.state_dir.encode()).hexdigest()[:12]
+    self._cgroups = _cgroups.CgroupManager(root_name)
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    self._spawner = _popen_spawner(child)
+    child.close()
+    parent.setblocking(True)
+    self._sock = parent
+    probe = await self._probe()
+    if probe:
+      raise BackendUnavailable(f"bubblewrap cannot create a sandbox here: {probe}. "
+                               + ("" if self.is_root else "Unprivileged use needs user "
+                                  "namespaces (sysctl kernel.unprivileged_userns_clone=1 or "
+                                  "an AppArmor profile allowing bwrap)."))
+
+  async def _probe(self) -> Optional[str]:
+    """Starts and removes one tiny sandbox; returns an error text, or None if it works."""
+    try:
+      ref = await self.create("probe-" + os.urandom(4).hex(), SandboxSpec(disk=1 << 20, pids=None))
+    except EnvError as e:
+      return e.message
+    await self.delete(ref["id"], ref)
+    return None
+
+  async def stop(self) -> None:
+    for sandbox_id in list(self._boxes):
+      await self.delete(sandbox_id, None)
+    if self._sock is not None:
+      self._sock.close()
+      self._sock = None
+    if self._spawner is not None:
+      try:
+        self._spawner.wait(timeout=5)
+      except Exception:  # noqa: BLE001
+        self._spawner.kill()
+      self._spawner = None
+
+  def describe(self) -> dict:
+    available = self._cgroups.available if self._cgroups else {c: False for c in _cgroups.CONTROLLERS}
+    return {"backend": self.name, "limits": dict(available, disk=True),
+            "limit_problems": dict(self._cgroups.problems) if self._cgroups else {},
+            "isolation": {"namespaces": ["pid", "mount", "ipc", "uts", "cgroup", "net"] +
+                          (["user"] if self.user_namespace else []),
+                          "sandbox_uid": None if self.creds is None else self.creds["uid"]},
+            "strict_limits": self.strict_limits}
+
+  # ------------------------------------------------------------------ sandboxes
+  def validate(self, spec: SandboxSpec) -> dict:
+    image = _images.resolve_image(spec.image, allowed_roots=self.image_roots)
+    available = self._cgroups.available if self._cgroups else {}
+    missing = [name for name, value in (("cpu", spec.cpu), ("memory", spec.memory),
+                                        ("pids", spec.pids))
+               if value is not None and not available.get(name)]
+    if missing and self.strict_limits:
+      why = "; ".join(f"{m}: {self._cgroups.problems.get(m, 'unavailable')}" for m in missing)
+      raise LimitNotEnforceable(
+          f"requested limits {missing} cannot be enforced on this machine ({why}); run the "
+          f"service as root or in a delegated cgroup, or start it with strict_limits=False "
+          f"to accept unenforced limits", details={"missing": missing})
+    workdir = spec.workdir or image.workdir
+    return {"workdir": workdir, "env": image.env_dict, "image_kind": image.kind}
+
+  def _bwrap_argv(self, sandbox_id, spec, image, workdir, disk):
+    argv = [self.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--hostname", sandbox_id[:63],
+            "--info-fd", "3"]
+    if not spec.network:
+      argv.append("--unshare-net")
+    if self.user_namespace:
+      argv += ["--unshare-user", "--uid", "1000", "--gid", "1000", "--disable-userns"]
+    else:
+      argv += ["--cap-drop", "ALL"]
+    if image.kind in ("host", "layer"):
+      for d in _HOST_DIRS + tuple(self.host_paths):
+        argv += _mirror(d)
+      argv += ["--dir", "/run", "--dir", "/var"]
+    else:
+      for entry in sorted(os.listdir(image.root)):
+        if entry in ("proc", "dev", "tmp", _images.IMAGE_MANIFEST):
+          continue
+        argv += _mirror(os.path.join(image.root, entry), "/" + entry)
+    for src, point in image.binds:
+      argv += ["--ro-bind", src, point]
+    argv += ["--proc", "/proc", "--dev", "/dev",
+             "--perms", "1777", "--size", str(disk), "--tmpfs", "/tmp",
+             "--perms", "0777", "--size", str(disk), "--tmpfs", workdir]
+    if image.workspace_seed:
+      argv += ["--ro-bind", image.workspace_seed, _SEED_MOUNT]
+    argv += ["--chdir", "/", "--", "/bin/sh", "-c", "read _"]
+    return argv
+
+  async def create(self, sandbox_id: str, spec: SandboxSpec) -> dict:
+    image = _images.resolve_image(spec.image, allowed_roots=self.image_roots)
+    workdir = spec.workdir or image.workdir
+    disk = spec.disk or self.default_disk
+    pids = spec.pids if spec.pids is not None else self.default_pids
+    try:
+      procs = self._cgroups.create(sandbox_id, cpu=spec.cpu, memory=spec.memory, pids=pids)
+    except OSError as e:
+      self._cgroups.remove(sandbox_id)
+      raise SandboxFailed(f"cannot set the limits of sandbox {sandbox_id!r}: {e}") from None
+    box = _Box(sandbox_id, procs)
+    self._boxes[sandbox_id] = box
+    keep_r, box.keepalive = os.pipe2(os.O_CLOEXEC)
+    info_r, info_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    argv = self._bwrap_argv(sandbox_id, spec, image, workdir, disk)
+    try:
+      self._send({"op": "spawn", "mode": "direct", "cgroups": procs, "argv": argv,
+                  "env": {"PATH": DEFAULT_PATH}, "cwd": "/"},
+                 [("stdin", keep_r), ("stdout", devnull), ("stderr", err_w),
+                  ("status", status_w), ("extra", info_w)])
+    finally:
+      for fd in (keep_r, info_w, err_w, status_w, devnull):
+        os.close(fd)
+    box.status = _StatusReader(status_r)
+    try:
+      info = await asyncio.wait_for(self._read_info(info_r, box), self.start_timeout)
+    except (asyncio.TimeoutError, EnvError, OSError, ValueError) as e:
+      err = _read_available(err_r)
+      os.close(err_r)
+      await self.delete(sandbox_id, None)
+      what = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e)
+      raise SandboxFailed(f"sandbox {sandbox_id!r} did not start ({what}); bubblewrap said: "
+                          f"{err.decode(errors='replace').strip() or '(nothing)'}") from None
+    finally:
+      os.close(info_r)
+    os.close(err_r)
+    box.init_pid = info["child-pid"]
+    box.pidfd = os.pidfd_open(box.init_pid)
+    box.ns_flags = _ns_flags(box.init_pid, self.user_namespace)
+    box.bwrap_pid = box.status.pid
+    meta = {"id": sandbox_id, "bwrap_pid": box.bwrap_pid, "init_pid": box.init_pid,
+            "init_start": _start_time(box.init_pid), "created": time.time()}
+    with open(self._meta_path(sandbox_id), "w") as f:
+      json.dump(meta, f)
+    ref = {"id": sandbox_id, "init_pid": box.init_pid, "workdir": workdir,
+           "env": image.env_dict, "network": spec.network}
+    if image.workspace_seed:
+      result = await self._run(box, _jobs.JobSpec(
+          command=["cp", "-a", _SEED_MOUNT + "/.", workdir + "/"], env={"PATH": DEFAULT_PATH},
+          timeout=self.start_timeout, cwd="/"))
+      if result.status != _jobs.FINISHED or result.exit_code != 0:
+        await self.delete(sandbox_id, None)
+        raise SandboxFailed(f"seeding the workspace of {sandbox_id!r} from "
+                            f"{image.workspace_seed!r} failed: {result.error or ''} "
+                            f"{result.stderr.decode(errors='replace')[-2000:]}")
+    return ref
+
+  async def _read_info(self, fd, box):
+    os.set_blocking(fd, False)
+    loop = asyncio.get_running_loop()
+    data = b""
+    while True:
+      readable = asyncio.Event()
+      loop.add_reader(fd, readable.set)
+      status_task = asyncio.ensure_future(box.status.ended.wait())
+      try:
+        await asyncio.wait([asyncio.ensure_future(readable.wait()), status_task],
+                           return_when=asyncio.FIRST_COMPLETED)
+      finally:
+        loop.remove_reader(fd)
+        status_task.cancel()
+      try:
+        chunk = os.read(fd, 65536)
+      except BlockingIOError:
+        chunk = None
+      if chunk:
+        data += chunk
+        try:
+          return json.loads(data)
+        except ValueError:
+          continue
+      if box.status.ended.is_set() or chunk == b"":
+        raise SandboxFailed(box.status.describe_end())
+
+  def _meta_path(self, sandbox_id):
+    return os.path.join(self.state_dir, "sandboxes", sandbox_id + ".json")
+
+  async def delete(self, sandbox_id: str, ref: Optional[dict]) -> None:
+    box = self._boxes.pop(sandbox_id, None)
+    if box is not None:
+      box.close_keepalive()
+      if box.pidfd is not None:
+        try:
+          signal.pidfd_send_signal(box.pidfd, signal.SIGKILL)
+        except OSError:
+          pass
+      if box.status is not None:
+        try:
+          await asyncio.wait_for(box.status.ended.wait(), 5)
+        except asyncio.TimeoutError:
+          pass
+        box.status.close()
+      if box.pidfd is not None:
+        os.close(box.pidfd)
+        box.pidfd = None
+      for job_id in list(box.jobs):
+        self._cancels.get(job_id, asyncio.Event()).set()
+    else:
+      self._kill_leftover(sandbox_id)
+    await asyncio.to_thread(self._cgroups.remove, sandbox_id)
+    try:
+      os.unlink(self._meta_path(sandbox_id))
+    except FileNotFoundError:
+      pass
+
+  def _kill_leftover(self, sandbox_id):
+    """Kills the processes of a sandbox this process did not start (a killed run's leftover)."""
+    try:
+      with open(self._meta_path(sandbox_id)) as f:
+        meta = json.load(f)
+    except (OSError, ValueError):
+      return
+    for key, start_key in (("init_pid", "init_start"), ("bwrap_pid", None)):
+      pid = meta.get(key)
+      if not pid:
+        continue
+      if start_key is not None and _start_time(pid) != meta.get(start_key):
+        continue
+      if start_key is None:
+        try:
+          with open(f"/proc/{pid}/comm") as f:
+            if f.read().strip() != "bwrap":
+              continue
+        except OSError:
+          continue
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+
+  async def list_sandboxes(self) -> set:
+    folder = os.path.join(self.state_dir, "sandboxes")
+    ids = {name[:-5] for name in os.listdir(folder) if name.endswith(".json")}
+    return ids | set(self._boxes) | self._cgroups.list()
+
+  async def is_alive(self, sandbox_id: str, ref: dict) -> bool:
+    box = self._boxes.get(sandbox_id)
+    return box is not None and box.status is not None and not box.status.ended.is_set()
+
+  def _box(self, sandbox_id) -> "_Box":
+    box = self._boxes.get(sandbox_id)
+    if box is None or box.init_pid is None:
+      raise SandboxFailed(f"sandbox {sandbox_id!r} is not running in this service process")
+    if box.status.ended.is_set():
+      raise SandboxFailed(f"sandbox {sandbox_id!r} has died: {box.status.describe_end()}")
+    return box
+
+  # ------------------------------------------------------------------ spawner protocol
+  def _send(self, request: dict, fds: list) -> None:
+    request = dict(request, fds=[name for name, _ in fds])
+    socket.send_fds(self._sock, [json.dumps(request).encode()], [fd for _, fd in fds])
+
+  def _spawn_in(self, box, spec: _jobs.JobSpec, stdin_fd, stdout_fd, stderr_fd, status_w):
+    shell = None
+    if isinstance(spec.command, str):
+      shell = spec.shell or "auto"
+    self._send({"op": "spawn", "mode": "enter", "cgroups": box.procs,
+                "ns_flags": box.ns_flags, "creds": self.creds, "argv": spec.argv,
+                "shell": shell, "env": spec.env, "cwd": spec.cwd or "/", "tty": spec.tty},
+               [("stdin", stdin_fd), ("stdout", stdout_fd), ("stderr", stderr_fd),
+                ("status", status_w), ("pidfd", box.pidfd)])
+
+  async def _run(self, box, spec: _jobs.JobSpec, cancel_event=None) -> _jobs.JobResult:
+    started = time.monotonic()
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    if spec.merge_stderr:
+      err_r, err_w = None, out_w
+    else:
+      err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    if spec.stdin is not None:
+      in_r, in_w = os.pipe2(os.O_CLOEXEC)
+    else:
+      in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), None
+    try:
+      self._spawn_in(box, spec, in_r, out_w, err_w, status_w)
+    except OSError as e:
+      for fd in {out_r, out_w, err_r, err_w, status_r, status_w, in_r, in_w} - {None}:
+        os.close(fd)
+      raise SandboxFailed(f"cannot reach the spawner: {e}") from None
+    for fd in {in_r, out_w, err_w, status_w}:
+      os.close(fd)
+    if in_w is not None:
+      asyncio.ensure_future(_feed(in_w, spec.stdin))
+    process = _SpawnedProcess(_StatusReader(status_r), self, box)
+    return await _jobs.collect(process, out_r, err_r, spec, cancel_event=cancel_event,
+                               started=started)
+
+  # ------------------------------------------------------------------ jobs
+  async def start_job(self, sandbox_id, ref, job_id, spec):
+    box = self._box(sandbox_id)
+    cancel = asyncio.Event()
+    self._cancels[job_id] = cancel
+    task = asyncio.ensure_future(self._run(box, spec, cancel))
+    self._jobs[job_id] = task
+    box.jobs.add(job_id)
+
+    def _done(_):
+      box.jobs.discard(job_id)
+    task.add_done_callback(_done)
+    return {"local": True}
+
+  async def wait_job(self, sandbox_id, ref, job_id, job_ref, timeout):
+    task = self._jobs.get(job_id)
+    if task is None:
+      return _jobs.JobResult(status=_jobs.FAILED, error="the job's service process is gone "
+                             "(the local backend keeps running jobs in the process that started them)")
+    try:
+      result = await asyncio.wait_for(asyncio.shield(task), timeout)
+    except asyncio.TimeoutError:
+      return None
+    except EnvError as e:
+      result = _jobs.JobResult(status=_jobs.FAILED, error=e.message)
+    self._jobs.pop(job_id, None)
+    self._cancels.pop(job_id, None)
+    return result
+
+  async def cancel_job(self, sandbox_id, ref, job_id, job_ref):
+    event = self._cancels.get(job_id)
+    if event is not None:
+      event.set()
+
+  async def run(self, sandbox_id: str, spec: _jobs.JobSpec) -> _jobs.JobResult:
+    """Runs one command to its end (used by the service for patches and seeding)."""
+    return await self._run(self._box(sandbox_id), spec)
+
+  # ------------------------------------------------------------------ files
+  async def _file(self, box, request, data: Optional[bytes] = None):
+    reply_r, reply_w = os.pipe2(os.O_CLOEXEC)
+    fds = [("reply", reply_w), ("pidfd", box.pidfd)]
+    data_w = None
+    if data is not None:
+      data_r, data_w = os.pipe2(os.O_CLOEXEC)
+      fds.append(("data", data_r))
+    try:
+      self._send(dict(request, op="file", cgroups=box.procs, ns_flags=box.ns_flags,
+                      creds=self.creds), fds)
+    finally:
+      os.close(reply_w)
+      if data is not None:
+        os.close(data_r)
+    if data_w is not None:
+      asyncio.ensure_future(_feed(data_w, data))
+    raw = await _read_all(reply_r)
+    header, _, body = raw.partition(b"\n")
+    try:
+      head = json.loads(header)
+    except ValueError:
+      raise FileOperationError(f"file operation on {request['path']!r} in {box.id!r} failed "
+                               f"without an answer (the sandbox may have died)") from None
+    if not head.get("ok"):
+      if head.get("errno") == 2:
+        raise SandboxFileNotFound(f"{request['path']!r} does not exist in sandbox {box.id!r}")
+      raise FileOperationError(f"{request['action']} {request['path']!r} in sandbox "
+                               f"{box.id!r} failed: {head.get('error')}")
+    return head, body
+
+  async def read_file(self, sandbox_id, ref, path):
+    _, body = await self._file(self._box(sandbox_id), {"action": "read", "path": path})
+    return body
+
+  async def write_file(self, sandbox_id, ref, path, data, mode):
+    await self._file(self._box(sandbox_id), {"action": "write", "path": path, "mode": mode,
+                                             "size": len(data)}, data)
+
+  async def list_files(self, sandbox_id, ref, path):
+    head, _ = await self._file(self._box(sandbox_id), {"action": "list", "path": path})
+    return head["entries"]
+
+  async def stats(self, sandbox_id, ref):
+    return self._cgroups.stats(sandbox_id)
+
+  # ------------------------------------------------------------------ pty and ports
+  async def open_pty(self, sandbox_id, ref, spec):
+    box = self._box(sandbox_id)
+    master, slave = os.openpty()
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    spec.tty = True
+    try:
+      self._spawn_in(box, spec, slave, slave, slave, status_w)
+    finally:
+      os.close(slave)
+      os.close(status_w)
+    return _LocalPty(master, _SpawnedProcess(_StatusReader(status_r), self, box))
+
+  async def open_port(self, sandbox_id, ref, port):
+    box = self._box(sandbox_id)
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+      net_flags = _NS["net"] | (box.ns_flags & _NS["user"])
+      self._send({"op": "connect", "port": port, "ns_flags": net_flags, "cgroups": []},
+                 [("reply", theirs.fileno()), ("pidfd", box.pidfd)])
+    finally:
+      theirs.close()
+    loop = asyncio.get_running_loop()
+    mine.setblocking(False)
+    try:
+      msg, fds, _, _ = await asyncio.wait_for(_recv_fds(loop, mine), 15)
+    finally:
+      mine.close()
+    if not fds:
+      raise FileOperationError(f"nothing accepts connections on port {port} in sandbox "
+                               f"{sandbox_id!r}")
+    sock = socket.socket(fileno=fds[0])
+    sock.setblocking(False)
+    return await asyncio.open_connection(sock=sock)
+
+
+class _Box:
+  """This process's handles on one running sandbox."""
+
+  def __init__(self, sandbox_id, procs):
+    self.id = sandbox_id
+    self.procs = procs
+    self.keepalive = None
+    self.status = None
+    self.init_pid = None
+    self.bwrap_pid = None
+    self.pidfd = None
+    self.ns_flags = 0
+    self.jobs = set()
+
+  def close_keepalive(self):
+    if self.keepalive is not None:
+      os.close(self.keepalive)
+      self.keepalive = None
+
+
+class _StatusReader:
+  """Reads the JSON lines a spawned process's status pipe carries: pid, then how it ended."""
+
+  def __init__(self, fd):
+    self.fd = fd
+    self.pid = None
+    self.exit = None
+    self.signal = None
+    self.error = None
+    self.ended = asyncio.Event()
+    self.started = asyncio.Event()
+    self._buf = b""
+    self._loop = asyncio.get_running_loop()
+    os.set_blocking(fd, False)
+    self._loop.add_reader(fd, self._on_readable)
+
+  def _on_readable(self):
+    try:
+      while True:
+        chunk = os.read(self.fd, 4096)
+        if not chunk:
+          self._end()
+          return
+        self._buf += chunk
+        while b"\n" in self._buf:
+          line, self._buf = self._buf.split(b"\n", 1)
+          msg = json.loads(line)
+          if "pid" in msg:
+            self.pid = msg["pid"]
+            self.started.set()
+          if "error" in msg:
+            self.error = msg["error"]
+          if "exit" in msg or "signal" in msg or "error" in msg:
+            self.exit, self.signal = msg.get("exit"), msg.get("signal")
+            self._end()
+            return
+    except BlockingIOError:
+      return
+
+  def _end(self):
+    if not self.ended.is_set():
+      self.started.set()
+      self.ended.set()
+      self.close()
+
+  def close(self):
+    if self.fd is not None:
+      self._loop.remove_reader(self.fd)
+      os.close(self.fd)
+      self.fd = None
+
+  def describe_end(self):
+    if self.error:
+      return self.error
+    if self.signal:
+      return f"killed by signal {self.signal}"
+    if self.exit is not None:
+      return f"exited with status {self.exit}"
+    return "ended without a status"
+
+
+class _SpawnedProcess:
+  """A command started by the spawner, as jobs.collect wants it."""
+
+  def __init__(self, status, backend, box):
+    self.status, self.backend, self.box = status, backend, box
+
+  @property
+  def pid(self):
+    return self.status.pid
+
+  async def wait(self):
+    await self.status.ended.wait()
+    if self.status.error:
+      return None, None, self.status.error
+    if self.status.exit is None and self.status.signal is None:
+      return None, None, f"sandbox {self.box.id!r} went away while the command ran"
+    return self.status.exit, self.status.signal, None
+
+  def kill_tree(self):
+    if self.status.pid is None:
+      return
+    cgroups = self.backend._cgroups
+    candidates = (lambda: cgroups.pids(self.box.id)) if cgroups.available.get("pids") else None
+    _jobs.kill_process_tree(self.status.pid, candidates)
+
+
+class _LocalPty(PtySession):
+
+  def __init__(self, master, process):
+    self.master, self.process = master, process
+    os.set_blocking(master, False)
+    self._loop = asyncio.get_running_loop()
+
+  async def read(self) -> bytes:
+    while True:
+      try:
+        return os.read(self.master, 65536)
+      except BlockingIOError:
+        ready = asyncio.Event()
+        self._loop.add_reader(self.master, ready.set)
+        try:
+          await ready.wait()
+        finally:
+          self._loop.remove_reader(self.master)
+      except OSError:   # EIO: the shell and everything on the terminal have exited
+        return b""
+
+  async def write(self, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+      try:
+        n = os.write(self.master, view)
+        view = view[n:]
+      except BlockingIOError:
+        await asyncio.sleep(0.005)
+
+  async def resize(self, rows: int, cols: int) -> None:
+    import fcntl
+    import termios
+    fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+  async def close(self) -> None:
+    self.process.kill_tree()
+    if self.master is not None:
+      os.close(self.master)
+      self.master = None
+
+
+def _mirror(host_path, target=None):
+  """bwrap arguments that show `host_path` read-only at `target` (symlinks stay symlinks)."""
+  target = target or host_path
+  if os.path.islink(host_path):
+    return ["--symlink", os.readlink(host_path), target]
+  if os.path.exists(host_path):
+    return ["--ro-bind", host_path, target]
+  return []
+
+
+def _ns_flags(pid, user_namespace):
+  """The CLONE_NEW* flags of the namespaces `pid` does not share with us."""
+  flags = 0
+  for name, flag in _NS.items():
+    try:
+      if os.readlink(f"/proc/{pid}/ns/{name}") != os.readlink(f"/proc/self/ns/{name}"):
+        flags |= flag
+    except OSError:
+      pass
+  if not user_namespace:
+    flags &= ~_NS["user"]
+  return flags
+
+
+def _popen_spawner(child_sock):
+  import subprocess
+  return subprocess.Popen([sys.executable, "-I", "-S", _SPAWNER, str(child_sock.fileno())],
+                          pass_fds=[child_sock.fileno()], stdin=subprocess.DEVNULL,
+                          start_new_session=True)
+
+
+def _read_available(fd) -> bytes:
+  os.set_blocking(fd, False)
+  out = b""
+  try:
+    while True:
+      chunk = os.read(fd, 65536)
+      if not chunk:
+        break
+      out += chunk
+  except BlockingIOError:
+    pass
+  return out
+
+
+async def _read_all(fd) -> bytes:
+  loop = asyncio.get_running_loop()
+  os.set_blocking(fd, False)
+  chunks = []
+  done = loop.create_future()
+
+  def _on_readable():
+    try:
+      while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+          loop.remove_reader(fd)
+          if not done.done():
+            done.set_result(None)
+          return
+        chunks.append(chunk)
+    except BlockingIOError:
+      pass
+  loop.add_reader(fd, _on_readable)
+  try:
+    await done
+  finally:
+    loop.remove_reader(fd)
+    os.close(fd)
+  return b"".join(chunks)
+
+
+async def _feed(fd, data: bytes) -> None:
+  """Writes data into a pipe without blocking the loop, then closes it."""
+  loop = asyncio.get_running_loop()
+  os.set_blocking(fd, False)
+  view = memoryview(data)
+  try:
+    while view:
+      try:
+        n = os.write(fd, view)
+        view = view[n:]
+      except BlockingIOError:
+        ready = asyncio.Event()
+        loop.add_writer(fd, ready.set)
+        try:
+          await ready.wait()
+        finally:
+          loop.remove_writer(fd)
+  except (BrokenPipeError, OSError):
+    pass
+  finally:
+    os.close(fd)
+
+
+async def _recv_fds(loop, sock):
+  while True:
+    try:
+      return socket.recv_fds(sock, 16, 1)
+    except BlockingIOError:
+      ready = asyncio.Event()
+      loop.add_reader(sock.fileno(), ready.set)
+      try:
+        await ready.wait()
+      finally:
+        loop.remove_reader(sock.fileno())
