@@ -1,0 +1,123 @@
+"""Building blocks shared by every architecture: parameters with logical axes, RMSNorm
+(plain and zero-centred), rotary position embedding (full and partial), the SwiGLU MLP.
+
+Parameter layout: weights are stored input-dimension first ([embed, heads, head_dim],
+[embed, mlp], ...), each with logical axis names (parallel.rules) in the `out_sharding`
+metadata of its nnx.Param. models.hf converts to and from transformers' [out, in] matrices.
+"""
+from typing import Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from orchard_jax.models.config import ModelConfig
+from orchard_jax.parallel.rules import constrain
+
+Initializer = Callable[[jax.Array, Sequence[int], jnp.dtype], jax.Array]
+
+
+def dtype_of(name: str) -> jnp.dtype:
+  """jnp dtype from a config string ("float32", "bfloat16", "float16")."""
+  return jnp.dtype(name)
+
+
+def param(rngs: nnx.Rngs, init: Initializer, shape: Sequence[int], axes: Sequence[Optional[str]],
+          dtype: jnp.dtype) -> nnx.Param:
+  """An nnx.Param of `shape` from `init`, annotated with logical axis names.
+
+  Eager sharding is off: parameters are placed on devices by parallel.create_sharded (under
+  jit with output shardings) or stay on the default device.
+  """
+  if len(shape) != len(axes):
+    raise ValueError(f"param: {len(shape)} dims {tuple(shape)} but {len(axes)} axis names {axes}")
+  return nnx.Param(init(rngs.params(), tuple(shape), dtype), out_sharding=tuple(axes),
+                   eager_sharding=False)
+
+
+def normal(std: float) -> Initializer:
+  return jax.nn.initializers.normal(std)
+
+
+def constant(value: float) -> Initializer:
+  return lambda key, shape, dtype: jnp.full(shape, value, dtype)
+
+
+class RMSNorm(nnx.Module):
+  """Root-mean-square norm over the last axis (Zhang and Sennrich 2019), computed in float32.
+
+  y = x / sqrt(mean(x^2) + eps) * w                       (Qwen3: w initialised to 1)
+  y = x / sqrt(mean(x^2) + eps) * (1 + w)                 (Qwen3.5 zero-centred: w init 0)
+  as transformers' Qwen3MoeRMSNorm and Qwen3_5MoeRMSNorm.
+  """
+
+  def __init__(self, dim: int, *, eps: float, zero_centered: bool, param_dtype: jnp.dtype,
+               rngs: nnx.Rngs):
+    self.eps = eps
+    self.zero_centered = zero_centered
+    self.weight = param(rngs, constant(0.0 if zero_centered else 1.0), (dim,), ("norm",),
+                        param_dtype)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """x [..., dim] -> [..., dim] in x's dtype."""
+    h = x.astype(jnp.float32)
+    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
+    w = self.weight[...].astype(jnp.float32)
+    scale = 1.0 + w if self.zero_centered else w
+    return (h * scale).astype(x.dtype)
+
+
+def rope_tables(positions: jax.Array, rotary_dim: int, theta: float) -> tuple[jax.Array,
+                                                                               jax.Array]:
+  """cos and sin tables of rotary embedding (Su et al. 2021, RoFormer) for integer positions.
+
+  Args:
+    positions: [batch, seq] int32.
+    rotary_dim: number of rotated dimensions (even).
+    theta: RoPE base.
+  Returns:
+    (cos, sin), each [batch, seq, rotary_dim // 2] float32, frequency i = theta^(-2i/dim).
+  """
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+  freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+  return jnp.cos(freqs), jnp.sin(freqs)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Rotates the first 2 * cos.shape[-1] dims of x in the rotate-half layout (GPT-NeoX /
+  transformers' rotate_half): dims [0, d/2) pair with [d/2, d). Remaining dims pass through
+  (partial RoPE, Qwen3.5).
+
+  Args:
+    x: [batch, seq, heads, head_dim].
+    cos, sin: [batch, seq, rotary_dim // 2] from rope_tables.
+  """
+  half = cos.shape[-1]
+  rot, rest = x[..., :2 * half], x[..., 2 * half:]
+  x1, x2 = rot[..., :half].astype(jnp.float32), rot[..., half:].astype(jnp.float32)
+  c, s = cos[:, :, None, :], sin[:, :, None, :]
+  out = jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
+  return jnp.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
+
+
+class MLP(nnx.Module):
+  """SwiGLU feed-forward: down(silu(x @ gate) * (x @ up)) (Shazeer 2020; Qwen3MLP)."""
+
+  def __init__(self, hidden: int, intermediate: int, *, config: ModelConfig, rngs: nnx.Rngs):
+    pdt = dtype_of(config.param_dtype)
+    init = normal(config.initializer_range)
+    self.dtype = dtype_of(config.dtype)
+    self.gate_proj = param(rngs, init, (hidden, intermediate), ("embed", "mlp"), pdt)
+    self.up_proj = param(rngs, init, (hidden, intermediate), ("embed", "mlp"), pdt)
+    self.down_proj = param(rngs, init, (intermediate, hidden), ("mlp", "embed"), pdt)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """x [..., hidden] -> [..., hidden]."""
+    dt = self.dtype
+    x = x.astype(dt)
+    g = x @ self.gate_proj[...].astype(dt)
+    u = x @ self.up_proj[...].astype(dt)
+    h = jax.nn.silu(g) * u
+    if h.ndim == 3:
+      h = constrain(h, ("batch", "seq", "mlp"))
+    return h @ self.down_proj[...].astype(dt)
