@@ -20,3 +20,9 @@ from orchard_jax.data.store import TrajectoryStore
 from orchard_jax.data.packing import (
   OVERFLOW_POLICIES, REQUIRED_KEYS, PackedBatch, PackedData, PackingStats, Placement,
   pack_sequences)
+from orchard_jax.data.hf_dataset import export_hf_dataset, trajectory_row
+from orchard_jax.data.miniswe import (
+  TRAJECTORY_FORMAT, export_miniswe, import_miniswe, read_miniswe_trajectory,
+  trajectory_from_miniswe, trajectory_to_miniswe, write_miniswe_trajectory)
+from orchard_jax.data.stats import (
+  FILTERS, DatasetStats, dataset_stats, plot_histograms, trajectory_filter_reasons)

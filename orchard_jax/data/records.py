@@ -123,6 +123,8 @@ class Trajectory:
     tools: tool schemas the harness offered, or None.
     exit_status: how the harness stopped ("Submitted", "LimitsExceeded", "TimeExceeded",
       "FormatError", "aborted", ...).
+    submission: what the agent submitted (SWE: the model patch, a unified diff; otherwise its
+      final answer); "" when none.
     outcome: evaluation result, e.g. {"resolved": True, "status": "resolved",
       "FAIL_TO_PASS": {...}}; {} when not evaluated.
     rewards: named rewards, e.g. {"binary": 1.0, "rubric": 0.8, "total": 1.4}.
@@ -139,6 +141,7 @@ class Trajectory:
   messages: list[dict] = dataclasses.field(default_factory=list)
   tools: list[dict] | None = None
   exit_status: str = ""
+  submission: str = ""
   outcome: dict = dataclasses.field(default_factory=dict)
   rewards: dict = dataclasses.field(default_factory=dict)
   experiment: str | None = None

@@ -178,10 +178,22 @@ def load_tokenizer(path_or_name: str | os.PathLike) -> Tokenizer:
   if str(path_or_name) == "tiny":
     return tiny_tokenizer()
   name = str(path_or_name)
-  from transformers import AutoTokenizer  # deferred: importing transformers takes a second
-
+  if not Path(name).exists() and (isinstance(path_or_name, os.PathLike)
+                                  or name.startswith(("/", ".", "~"))):
+    raise TokenizerError(
+      f"cannot load a tokenizer from {name!r}: no such folder (expected 'tiny', a folder with "
+      "tokenizer.json, or a Hugging Face hub name)")
   try:
-    hf = AutoTokenizer.from_pretrained(name)
+    if (Path(name) / "tokenizer.json").is_file():
+      # A fast tokenizer's folder loads as the generic class: the Qwen classes add nothing
+      # to tokenizer.json + tokenizer_config.json, and AutoTokenizer's imports take seconds.
+      from transformers import PreTrainedTokenizerFast
+
+      hf = PreTrainedTokenizerFast.from_pretrained(name)
+    else:
+      from transformers import AutoTokenizer
+
+      hf = AutoTokenizer.from_pretrained(name)
   except Exception as e:
     raise TokenizerError(
       f"cannot load a tokenizer from {name!r}: expected 'tiny', a folder with tokenizer.json, "

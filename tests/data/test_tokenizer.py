@@ -80,5 +80,8 @@ def test_saved_folder_loads_back_identically(tok, tmp_path):
 
 
 def test_missing_folder_is_a_clear_error(tmp_path):
-  with pytest.raises(TokenizerError, match="cannot load a tokenizer"):
+  with pytest.raises(TokenizerError, match="no such folder"):
     load_tokenizer(tmp_path / "nothing-here")
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(TokenizerError, match="cannot load a tokenizer"):
+    load_tokenizer(str(tmp_path / "empty"))
