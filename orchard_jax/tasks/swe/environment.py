@@ -124,7 +124,10 @@ class PackageEnvironment:
     return {"PATH": f"{SANDBOX_VENV}/bin:/usr/local/bin:/usr/bin:/bin",
             "VIRTUAL_ENV": SANDBOX_VENV, "PYTHONPATH": path_entry,
             "PYTHONDONTWRITEBYTECODE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-            "PAGER": "cat", "LC_ALL": "C.UTF-8", **dict(self.profile.env)}
+            "PAGER": "cat", "LC_ALL": "C.UTF-8",
+            # The workspace may belong to another uid than the sandbox user: let git use it.
+            "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory",
+            "GIT_CONFIG_VALUE_0": "*", **dict(self.profile.env)}
 
   def run_tests(self, workdir: str, targets, *, timeout_s: float) -> tuple[str, int, float]:
     """Runs the test command on the host in `workdir` (a copy of the repository).
@@ -177,7 +180,9 @@ def build_environment(profile: PackageProfile, *, root: str | None = None,
       record = json.load(f)
     if record.get("fingerprint") == profile.fingerprint() and os.path.isdir(
         os.path.join(root, "repo", ".git")):
-      return PackageEnvironment(profile, root, record["clean_commit"])
+      environment = PackageEnvironment(profile, root, record["clean_commit"])
+      _write_manifest(environment)  # cheap, and picks up a newer manifest format
+      return environment
   if os.path.exists(root):
     shutil.rmtree(root)
   os.makedirs(root)
@@ -198,13 +203,17 @@ def build_environment(profile: PackageProfile, *, root: str | None = None,
        f"install {list(profile.test_requirements)} into {venv}", pip_timeout_s)
   _relocatable_scripts(venv)
   environment = PackageEnvironment(profile, root, clean_commit)
-  from orchard_jax.env.images import write_image_manifest
-  write_image_manifest(root, base="host", binds={"venv": SANDBOX_VENV}, workdir=WORKDIR,
-                       env=environment.sandbox_env(), workspace_seed="repo")
+  _write_manifest(environment)
   with open(record_path, "w") as f:
     json.dump({"fingerprint": profile.fingerprint(), "clean_commit": clean_commit,
                "python": base_python, "profile": dataclasses.asdict(profile)}, f, indent=1)
   return environment
+
+
+def _write_manifest(environment: PackageEnvironment):
+  from orchard_jax.env.images import write_image_manifest
+  write_image_manifest(environment.root, base="host", binds={"venv": SANDBOX_VENV},
+                       workdir=WORKDIR, env=environment.sandbox_env(), workspace_seed="repo")
 
 
 def _write_excludes(repo: str):

@@ -25,6 +25,7 @@ OUTCOMES = (RESOLVED, PARTIAL, UNRESOLVED, PATCH_FAILED, TIMED_OUT, ERROR)
 @dataclasses.dataclass
 class TestsReport:
   """Which FAIL_TO_PASS / PASS_TO_PASS tests passed and failed in one evaluation run."""
+  __test__ = False  # not a pytest test class
   fail_to_pass_success: list[str]
   fail_to_pass_failure: list[str]
   pass_to_pass_success: list[str]

@@ -50,6 +50,7 @@ class TestSpec:
     env: extra environment variables for the test run.
     package: the package environment the instance was built from ("toolz-1.2.0"), if any.
   """
+  __test__ = False  # not a pytest test class
   image: str
   workdir: str = "/testbed"
   test_cmd: str = "python -m pytest -rA -p no:cacheprovider"

@@ -6,8 +6,8 @@ line counts are off, context lines whose trailing whitespace was stripped, a mis
 newline. Application follows SWE-bench's harness (`git apply`, then `patch --fuzz`), with more
 fallbacks, every one atomic (a failed attempt leaves the tree as it was):
 
-  for each variant of the patch (as given; with CRLF turned into LF):
-    git apply -v;  git apply -v --recount;  git apply -v --recount --ignore-whitespace
+  for each of git apply -v;  git apply -v --recount;  git apply -v --recount --ignore-whitespace
+    on each variant of the patch (as given; with CRLF turned into LF)
   for each variant: patch -p1 --fuzz=5 -l (checked with --dry-run first)
 
 `git apply` handles new, deleted, renamed and binary files (`GIT binary patch`); `patch -l`
@@ -98,8 +98,8 @@ def apply_script(variant_paths: list[str], *, workdir: str = ".") -> str:
   """
   quoted = " ".join(shlex.quote(p) for p in variant_paths)
   return f"""cd {shlex.quote(workdir)} || exit 2
-for p in {quoted}; do
-  for opts in "" "--recount" "--recount --ignore-whitespace"; do
+for opts in "" "--recount" "--recount --ignore-whitespace"; do
+  for p in {quoted}; do
     if git apply -v $opts "$p" 2>&1; then echo "{APPLIED_MARKER} git apply $opts"; exit 0; fi
   done
 done

@@ -56,7 +56,6 @@ def setup_script(instance: SWEInstance, *, workdir: str = "/testbed",
   lines = [
       "set -u",
       f"cd {shlex.quote(workdir)} || exit {SETUP_FAILED_EXIT}",
-      "git config --global --add safe.directory '*' 2>/dev/null || true",
       f"if [ \"$(git rev-parse HEAD 2>/dev/null)\" != {base} ]; then",
       f"  git -c advice.detachedHead=false checkout -q -f {base} 2>&1 || "
       f"{{ echo 'base_commit {instance.base_commit} is not in the workspace repository'; "
@@ -85,22 +84,27 @@ def write_file_via_shell(path: str, data: bytes) -> str:
 
 
 class EnvSandbox:
-  """`Sandbox` over an Orchard Env SDK sandbox handle."""
+  """`Sandbox` over an Orchard Env SDK sandbox (`orchard_jax.env.client.Sandbox`)."""
 
   def __init__(self, box):
     self._box = box
 
+  @property
+  def box(self):
+    """The SDK sandbox handle."""
+    return self._box
+
   def run(self, command: str, *, timeout_s: float) -> CommandResult:
-    result = self._box.exec(["bash", "-c", command], timeout=timeout_s)
-    output = (getattr(result, "stdout", "") or "") + (getattr(result, "stderr", "") or "")
-    if isinstance(output, bytes):
-      output = output.decode("utf-8", "replace")
-    timed_out = bool(getattr(result, "timed_out", False))
-    code = getattr(result, "exit_code", None)
+    result = self._box.exec(command, timeout=timeout_s, merge_stderr=True)
+    timed_out = bool(result.timed_out)
+    output = result.stdout + result.stderr
+    if result.status == "failed" and result.error:
+      output += f"\n[sandbox: {result.error}]"
+    code = result.exit_code
     return CommandResult(124 if timed_out or code is None else int(code), output, timed_out)
 
   def write_file(self, path: str, data: bytes) -> None:
-    self._box.write_file(path, data)
+    self._box.upload(path, data)
 
 
 @contextlib.contextmanager
