@@ -93,7 +93,8 @@ QWEN3_CHAT_TEMPLATE = r"""
       {{- '<|im_end|>\n' -}}
     {%- endif -%}
   {%- else -%}
-    {{- raise_exception('unsupported message role ' + role + '; expected system, user, assistant or tool') -}}
+    {{- raise_exception('unsupported message role ' + role
+                        + '; expected system, user, assistant or tool') -}}
   {%- endif -%}
 {%- endfor -%}
 

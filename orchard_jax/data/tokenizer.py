@@ -155,6 +155,53 @@ class Tokenizer:
     return self.encode(self.render_chat_text(
       messages, tools, add_generation_prompt=add_generation_prompt, **template_kwargs))
 
+  def render_continuation(self, messages: Sequence[dict], num_recorded: int,
+                          tools: Sequence[dict] | None = None,
+                          add_generation_prompt: bool = True, **template_kwargs: Any) -> str:
+    """Text the chat template adds after an assistant turn that was sampled and recorded.
+
+    The recording proxy holds a session's ids up to the end-of-turn token the model sampled
+    (prompt + output of the last call). When the harness sends the chat again with new
+    messages (tool results, a user turn), the ids of the next prompt are the recorded ids +
+    encode(this text), never a re-rendering of what was recorded (CASES.md 1). Special
+    tokens split the text, so encoding the continuation on its own matches a joint encoding.
+
+    Args:
+      messages: the whole chat of the new request.
+      num_recorded: how many leading messages the recorded ids cover; messages[num_recorded-1]
+        is the assistant turn that was sampled.
+      tools, add_generation_prompt, **template_kwargs: as in `render_chat_text`.
+    Returns:
+      The text after the recorded turn's end-of-turn token (e.g. "\\n<|im_start|>user\\n
+      <tool_response>\\n...</tool_response><|im_end|>\\n<|im_start|>assistant\\n").
+    Raises:
+      ChatTemplateError: messages[num_recorded-1] is not an assistant turn, the rendering of
+        the first num_recorded messages is not a prefix of the whole chat's (the template
+        rewrites history), or the recorded turn does not end with the eos token; the caller
+        then starts a new segment from a full rendering.
+    """
+    if (not 0 < num_recorded <= len(messages)
+        or messages[num_recorded - 1].get("role") != "assistant"):
+      raise ChatTemplateError(
+        f"num_recorded={num_recorded} must point just past an assistant message; roles are "
+        f"{[m.get('role') for m in messages]}")
+    eos = self.id_to_token(self.eos_id)
+    recorded = self.render_chat_text(messages[:num_recorded], tools, add_generation_prompt=False,
+                                     **template_kwargs)
+    full = self.render_chat_text(messages, tools, add_generation_prompt=add_generation_prompt,
+                                 **template_kwargs)
+    end = recorded.rfind(eos)
+    if end < 0:
+      raise ChatTemplateError(
+        f"the rendered assistant turn does not contain the eos token {eos!r}; cannot find "
+        "where the recorded ids end")
+    end += len(eos)
+    if not full.startswith(recorded[:end]):
+      raise ChatTemplateError(
+        "the chat template renders the recorded messages differently once more messages "
+        "follow (it rewrites history); start a new segment from a full rendering")
+    return full[end:]
+
   def save(self, folder: str | os.PathLike) -> Path:
     """Write the tokenizer as a Hugging Face folder (tokenizer.json, config, chat template)."""
     folder = Path(folder)
@@ -228,7 +275,8 @@ def tiny_tokenizer(cache_dir: str | None = None) -> Tokenizer:
     root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".training-", dir=root))
     try:
-      train_tiny_tokenizer(texts, scratch, vocab_size=TINY_VOCAB_SIZE, corpus_fingerprint=fingerprint)
+      train_tiny_tokenizer(texts, scratch, vocab_size=TINY_VOCAB_SIZE,
+                           corpus_fingerprint=fingerprint)
       try:
         os.rename(scratch, folder)  # atomic: readers see a whole folder or none
       except OSError:

@@ -220,7 +220,8 @@ class HermesToolCallParser(_BlockParser):
           "invalid_json", body, f"'arguments' is a string that is not valid JSON: {e}")
     if not isinstance(args, dict):
       return None, ToolCallError(
-        "invalid_structure", body, f"expected 'arguments' to be an object, got {type(args).__name__}")
+        "invalid_structure", body,
+        f"expected 'arguments' to be an object, got {type(args).__name__}")
     return ToolCall(obj["name"], args), None
 
 

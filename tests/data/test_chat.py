@@ -161,3 +161,27 @@ def test_empty_chat_is_a_clear_error(tok):
 def test_unknown_role_is_a_clear_error(tok):
   with pytest.raises(ChatTemplateError, match="unsupported message role exit"):
     tok.render_chat_text([{"role": "user", "content": "x"}, {"role": "exit", "content": "bye"}])
+
+
+def test_continuation_extends_recorded_ids_without_re_rendering(tok):
+  """CASES.md 1: the next prompt is the recorded ids + the new turns' text, whatever the
+  template would do to the history (here: a tool result ending in a newline, and a sampled
+  answer whose ids are not the ones encode() would give)."""
+  tools = [BASH]
+  history = [{"role": "user", "content": "Run it."}]
+  prompt = tok.render_chat(history, tools)
+  sampled_text = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
+  sampled = [i for ch in sampled_text for i in tok.encode(ch)] + [tok.eos_id]  # odd split
+  assert sampled[:-1] != tok.encode(sampled_text)
+  assistant = {"role": "assistant", "content": None,
+               "tool_calls": [_call("bash", {"command": "ls"})]}
+  chat = history + [assistant, {"role": "tool", "content": "a.py\n"}]
+  continuation = tok.render_continuation(chat, num_recorded=2, tools=tools)
+  assert continuation == ("\n<|im_start|>user\n<tool_response>\na.py\n\n</tool_response>"
+                          "<|im_end|>\n<|im_start|>assistant\n")
+  next_prompt = prompt + sampled + tok.encode(continuation)
+  assert tok.decode(next_prompt) == tok.render_chat_text(chat, tools)  # same text ...
+  assert next_prompt[:len(prompt) + len(sampled)] == prompt + sampled  # ... sampled ids kept
+  assert next_prompt != tok.render_chat(chat, tools)  # a re-rendering would change them
+  with pytest.raises(ChatTemplateError, match="assistant message"):
+    tok.render_continuation(chat, num_recorded=3, tools=tools)

@@ -20,13 +20,15 @@ def test_tiny_tokenizer_vocab_and_markup(tok):
   assert tok.pad_id == tok.token_to_id("<|endoftext|>")
   assert set(tok.stop_ids) == {tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")}
   # Qwen keeps tool/think tags in decoded text; only the chat delimiters are special.
-  ids = tok.encode("<|im_start|>assistant\n<think>\nx\n</think>\n<tool_call>\n{}\n</tool_call><|im_end|>")
+  ids = tok.encode(
+    "<|im_start|>assistant\n<think>\nx\n</think>\n<tool_call>\n{}\n</tool_call><|im_end|>")
   assert tok.decode(ids, skip_special_tokens=True) == (
     "assistant\n<think>\nx\n</think>\n<tool_call>\n{}\n</tool_call>")
 
 
 @pytest.mark.parametrize("text", [
-  "def f(x):\n    return x  # comment\n", "  \t\n\n\r\n trailing   ", "naïve café ☃ 日本語 🚀",
+  "def f(x):\n    return x  # comment\n", "  \t\n\n\r\n trailing   ",
+  "naïve café ☃ 日本語 🚀",
   "x" * 1000, "", "\x00\x01 control bytes"])
 def test_encode_decode_round_trip(tok, text):
   assert tok.decode(tok.encode(text)) == text
