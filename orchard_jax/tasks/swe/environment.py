@@ -3,7 +3,7 @@ image directory (CONTRACTS.md "Env images") that sandboxes start from.
 
 Layout under the cache folder (`~/.cache/orchard_jax/swe/envs/<name>-<version>/`):
 
-  image.json   the image manifest: base "host", venv bound read-only at /opt/venv, the
+  image.json   the image manifest: base "host", venv bound read-only at /venv, the
                repository as the workspace seed at /testbed
   venv/        a venv made from a Python the sandbox can see (one under /usr or /opt), holding
                the test requirements only; the package itself is imported from the work tree
@@ -13,7 +13,7 @@ Layout under the cache folder (`~/.cache/orchard_jax/swe/envs/<name>-<version>/`
   env.json     what was built (profile fingerprint, clean commit, python) to reuse the cache
 
 The same venv runs the tests on the host while tasks are built (with the host's paths), and in
-sandboxes (at /opt/venv, /testbed); its console scripts are rewritten to `#!/usr/bin/env python`
+sandboxes (at /venv, /testbed); its console scripts are rewritten to `#!/usr/bin/env python`
 so both work.
 """
 from __future__ import annotations
@@ -33,7 +33,8 @@ import zipfile
 from orchard_jax.tasks.errors import BuildError
 from orchard_jax.tasks.swe.packages import PackageProfile
 
-SANDBOX_VENV = "/opt/venv"
+# A top-level mount point: bubblewrap cannot create one inside the read-only host /opt.
+SANDBOX_VENV = "/venv"
 WORKDIR = "/testbed"
 # Fixed identity and date: a commit made from the same tree always has the same hash.
 GIT_IDENTITY = {
