@@ -99,7 +99,8 @@ class TrajectoryStore:
     self._remembered: collections.OrderedDict[str, tuple[int, np.ndarray]] = (
       collections.OrderedDict())
     self._offsets: dict[Path, int] = {}
-    self._entries: dict[str, list[_Entry]] = {MODEL_CALL: [], TRAJECTORY: []}
+    self._calls: dict[str, list[_Entry]] = collections.defaultdict(list)  # by session id
+    self._trajectories: list[_Entry] = []
     self._warned: set[tuple[Path, int]] = set()
 
   def __enter__(self) -> "TrajectoryStore":
@@ -217,14 +218,17 @@ class TrajectoryStore:
       except (ValueError, KeyError, TypeError) as e:
         _log.warning("%s: skipping unreadable line at offset %d (%s)", path, offset, e)
       else:
-        self._entries[kind].append(entry)
+        if kind == MODEL_CALL:
+          self._calls[entry.keys[0]].append(entry)
+        else:
+          self._trajectories.append(entry)
       pos = nl + 1
     self._offsets[path] = start + end
 
   def session_ids(self) -> list[str]:
     """Sessions with at least one model call, sorted."""
     self.refresh()
-    return sorted({e.keys[0] for e in self._entries[MODEL_CALL]})
+    return sorted(self._calls)
 
   def model_calls(self, session_id: str | None = None) -> list[ModelCall]:
     """Model calls of one session (or of all), latest version of each, in call order.
@@ -235,8 +239,10 @@ class TrajectoryStore:
       StoreError: a compacted prompt refers to a call the store no longer holds.
     """
     self.refresh()
-    entries = [e for e in self._entries[MODEL_CALL]
-               if session_id is None or e.keys[0] == session_id]
+    if session_id is None:
+      entries = [e for session in self._calls.values() for e in session]
+    else:
+      entries = self._calls.get(session_id, [])
     by_file: dict[Path, list[_Entry]] = collections.defaultdict(list)
     for entry in entries:
       by_file[entry.path].append(entry)
@@ -274,7 +280,7 @@ class TrajectoryStore:
     """
     self.refresh()
     latest: dict[str, _Entry] = {}
-    for e in self._entries[TRAJECTORY]:
+    for e in self._trajectories:
       if e.keys[0] not in latest or latest[e.keys[0]].written_ns <= e.written_ns:
         latest[e.keys[0]] = e
     chosen = [e for e in latest.values()
@@ -293,7 +299,7 @@ class TrajectoryStore:
   def get_trajectory(self, trajectory_id: str) -> Trajectory | None:
     """The latest version of one trajectory, or None."""
     self.refresh()
-    found = [e for e in self._entries[TRAJECTORY] if e.keys[0] == trajectory_id]
+    found = [e for e in self._trajectories if e.keys[0] == trajectory_id]
     if not found:
       return None
     entry = max(found, key=lambda e: e.written_ns)
@@ -302,13 +308,13 @@ class TrajectoryStore:
   def attempts(self, *, experiment: str | None = None) -> set[tuple[str, int]]:
     """(task_id, attempt) pairs already stored (for resuming a collection run)."""
     self.refresh()
-    return {(e.task_id, e.attempt) for e in self._entries[TRAJECTORY]
+    return {(e.task_id, e.attempt) for e in self._trajectories
             if experiment is None or e.experiment == experiment}
 
   def experiments(self) -> list[tuple[str | None, int | None]]:
     """Distinct (experiment, iteration) pairs of the stored trajectories."""
     self.refresh()
-    pairs = {(e.experiment, e.iteration) for e in self._entries[TRAJECTORY]}
+    pairs = {(e.experiment, e.iteration) for e in self._trajectories}
     return sorted(pairs, key=lambda p: (p[0] or "", -1 if p[1] is None else p[1]))
 
 

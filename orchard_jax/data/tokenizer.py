@@ -40,7 +40,7 @@ TINY_VOCAB_SIZE = 8192
 
 # Bumped whenever the tiny tokenizer's recipe (corpus selection, regex, trainer settings)
 # changes, so an old cache entry is never mistaken for the new recipe's output.
-_TINY_RECIPE_VERSION = 1
+_TINY_RECIPE_VERSION = 2
 _TINY_PREFIX = "tiny-bpe"
 # Pre-tokenisation split: the GPT-4 / Qwen2 style pattern (contractions, letter runs with one
 # leading non-letter, single digits, punctuation runs, newline runs, other whitespace).
@@ -175,10 +175,14 @@ class Tokenizer:
       The text after the recorded turn's end-of-turn token (e.g. "\\n<|im_start|>user\\n
       <tool_response>\\n...</tool_response><|im_end|>\\n<|im_start|>assistant\\n").
     Raises:
-      ChatTemplateError: messages[num_recorded-1] is not an assistant turn, the rendering of
-        the first num_recorded messages is not a prefix of the whole chat's (the template
-        rewrites history), or the recorded turn does not end with the eos token; the caller
-        then starts a new segment from a full rendering.
+      ChatTemplateError: messages[num_recorded-1] is not an assistant turn, or the renderings
+        do not hold the recorded turn's end-of-turn token; the caller then starts a new
+        segment from a full rendering.
+
+    Templates that rewrite history once more turns follow (Qwen3's official one drops earlier
+    turns' reasoning and inserts an empty think block only into the last turn) are handled:
+    the continuation starts after the same number of end-of-turn tokens in the whole chat's
+    rendering as the recorded messages' rendering holds.
     """
     if (not 0 < num_recorded <= len(messages)
         or messages[num_recorded - 1].get("role") != "assistant"):
@@ -196,11 +200,17 @@ class Tokenizer:
         f"the rendered assistant turn does not contain the eos token {eos!r}; cannot find "
         "where the recorded ids end")
     end += len(eos)
-    if not full.startswith(recorded[:end]):
-      raise ChatTemplateError(
-        "the chat template renders the recorded messages differently once more messages "
-        "follow (it rewrites history); start a new segment from a full rendering")
-    return full[end:]
+    if full.startswith(recorded[:end]):
+      return full[end:]
+    turns = recorded[:end].count(eos)
+    pos = -len(eos)
+    for _ in range(turns):
+      pos = full.find(eos, pos + len(eos))
+      if pos < 0:
+        raise ChatTemplateError(
+          f"the whole chat's rendering holds fewer than the {turns} end-of-turn tokens {eos!r} "
+          "of the recorded messages' rendering")
+    return full[pos + len(eos):]
 
   def save(self, folder: str | os.PathLike) -> Path:
     """Write the tokenizer as a Hugging Face folder (tokenizer.json, config, chat template)."""
@@ -340,6 +350,13 @@ def train_tiny_tokenizer(texts: Sequence[str], folder: str | os.PathLike, *,
     chat_template=QWEN3_CHAT_TEMPLATE, model_max_length=1 << 20, clean_up_tokenization_spaces=False)
   folder = Path(folder)
   hf.save_pretrained(str(folder))
+  # transformers 5 writes its own class name and a chat_template.jinja file; older releases
+  # (SGLang's pin, for one) know only PreTrainedTokenizerFast and read the template from
+  # tokenizer_config.json, so both are written there too.
+  config_path = folder / "tokenizer_config.json"
+  config = json.loads(config_path.read_text())
+  config.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=QWEN3_CHAT_TEMPLATE)
+  config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
   metadata = {
     "recipe": f"{_TINY_PREFIX} v{_TINY_RECIPE_VERSION}", "vocab_size": vocab_size,
     "corpus_fingerprint": corpus_fingerprint, "tokenizers_version": tokenizers.__version__,

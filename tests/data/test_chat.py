@@ -20,16 +20,20 @@ REFERENCE_TEMPLATE = (
   "{{ '# Tools' ~ nl ~ nl ~ 'You may call one or more functions to assist with the user query.' }}"
   "{{ nl ~ nl ~ 'You are provided with function signatures within <tools></tools> XML tags:' }}"
   "{{ nl ~ '<tools>' }}{% for t in tools %}{{ nl ~ (t | tojson) }}{% endfor %}"
-  "{{ nl ~ '</tools>' ~ nl ~ nl ~ 'For each function call, return a json object with function name'"
-  " ~ ' and arguments within <tool_call></tool_call> XML tags:' ~ nl ~ '<tool_call>' ~ nl }}"
-  "{{ '{\"name\": <function-name>, \"arguments\": <args-json-object>}' ~ nl ~ '</tool_call><|im_end|>' ~ nl }}"
-  "{%- elif sys is not none -%}{{ '<|im_start|>system' ~ nl ~ sys ~ '<|im_end|>' ~ nl }}{%- endif -%}"
+  "{{ nl ~ '</tools>' ~ nl ~ nl ~ 'For each function call, return a json object with'"
+  " ~ ' function name and arguments within <tool_call></tool_call> XML tags:' ~ nl }}"
+  "{{ '<tool_call>' ~ nl ~ '{\"name\": <function-name>, \"arguments\": <args-json-object>}' }}"
+  "{{ nl ~ '</tool_call><|im_end|>' ~ nl }}"
+  "{%- elif sys is not none -%}"
+  "{{ '<|im_start|>system' ~ nl ~ sys ~ '<|im_end|>' ~ nl }}"
+  "{%- endif -%}"
   "{%- for m in messages -%}"
   "{%- if m.content is string -%}{%- set c = m.content -%}"
   "{%- elif m.content -%}{%- set c = m.content | map(attribute='text') | join('') -%}"
   "{%- else -%}{%- set c = '' -%}{%- endif -%}"
   "{%- if m.role == 'system' and loop.index0 == 0 -%}"
-  "{%- elif m.role in ['user', 'system'] -%}{{ '<|im_start|>' ~ m.role ~ nl ~ c ~ '<|im_end|>' ~ nl }}"
+  "{%- elif m.role in ['user', 'system'] -%}"
+  "{{ '<|im_start|>' ~ m.role ~ nl ~ c ~ '<|im_end|>' ~ nl }}"
   "{%- elif m.role == 'assistant' -%}{{ '<|im_start|>assistant' ~ nl }}"
   "{%- if m.reasoning_content -%}"
   "{{ '<think>' ~ nl ~ m.reasoning_content.strip(nl) ~ nl ~ '</think>' ~ nl ~ nl ~ c.lstrip(nl) }}"
@@ -42,9 +46,11 @@ REFERENCE_TEMPLATE = (
   "{{ '}' ~ nl ~ '</tool_call>' }}"
   "{%- endfor -%}{{ '<|im_end|>' ~ nl }}"
   "{%- elif m.role == 'tool' -%}"
-  "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' -%}{{ '<|im_start|>user' }}{%- endif -%}"
+  "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' -%}"
+  "{{ '<|im_start|>user' }}{%- endif -%}"
   "{{ nl ~ '<tool_response>' ~ nl ~ c ~ nl ~ '</tool_response>' }}"
-  "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{ '<|im_end|>' ~ nl }}{%- endif -%}"
+  "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}"
+  "{{ '<|im_end|>' ~ nl }}{%- endif -%}"
   "{%- endif -%}"
   "{%- endfor -%}"
   "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant' ~ nl }}"
@@ -185,3 +191,37 @@ def test_continuation_extends_recorded_ids_without_re_rendering(tok):
   assert next_prompt != tok.render_chat(chat, tools)  # a re-rendering would change them
   with pytest.raises(ChatTemplateError, match="assistant message"):
     tok.render_continuation(chat, num_recorded=3, tools=tools)
+
+
+# Like Qwen3's official template: the last assistant turn gets an empty think block, earlier
+# turns lose their reasoning, so a rendering changes once more turns follow.
+HISTORY_REWRITING_TEMPLATE = (
+  "{%- for m in messages -%}"
+  "{%- if m.role == 'assistant' -%}"
+  "{{ '<|im_start|>assistant\\n' }}"
+  "{%- if loop.last -%}{{ '<think>\\n' ~ (m.reasoning_content or '') ~ '\\n</think>\\n\\n' }}"
+  "{%- endif -%}"
+  "{{ m.content ~ '<|im_end|>\\n' }}"
+  "{%- elif m.role == 'tool' -%}"
+  "{{ '<|im_start|>user\\n<tool_response>\\n' ~ m.content ~ '\\n</tool_response><|im_end|>\\n' }}"
+  "{%- else -%}{{ '<|im_start|>' ~ m.role ~ '\\n' ~ m.content ~ '<|im_end|>\\n' }}{%- endif -%}"
+  "{%- endfor -%}"
+  "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}")
+
+
+def test_continuation_with_a_template_that_rewrites_history(tok):
+  import copy
+
+  from orchard_jax.data import Tokenizer
+
+  hf = copy.deepcopy(tok.hf)
+  hf.chat_template = HISTORY_REWRITING_TEMPLATE
+  rewriting = Tokenizer(hf, name="rewriting")
+  chat = [{"role": "user", "content": "q"},
+          {"role": "assistant", "content": "a1", "reasoning_content": "r"},
+          {"role": "tool", "content": "out\n"}]
+  recorded = rewriting.render_chat_text(chat[:2], add_generation_prompt=False)
+  assert not rewriting.render_chat_text(chat).startswith(recorded.removesuffix("\n"))
+  assert rewriting.render_continuation(chat, num_recorded=2) == (
+    "\n<|im_start|>user\n<tool_response>\nout\n\n</tool_response><|im_end|>\n"
+    "<|im_start|>assistant\n")

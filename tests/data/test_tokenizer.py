@@ -1,5 +1,6 @@
 """The tiny BPE and Hugging Face tokenizer folders."""
 import json
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as RawTokenizer
@@ -19,6 +20,11 @@ def test_tiny_tokenizer_vocab_and_markup(tok):
   assert tok.eos_id == tok.token_to_id("<|im_end|>")
   assert tok.pad_id == tok.token_to_id("<|endoftext|>")
   assert set(tok.stop_ids) == {tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")}
+  # Readable by transformers releases before 5 (SGLang's pin): a class they know, and the
+  # chat template inside tokenizer_config.json.
+  config = json.loads((Path(tok.hf.name_or_path) / "tokenizer_config.json").read_text())
+  assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+  assert config["chat_template"] == tok.chat_template
   # Qwen keeps tool/think tags in decoded text; only the chat delimiters are special.
   ids = tok.encode(
     "<|im_start|>assistant\n<think>\nx\n</think>\n<tool_call>\n{}\n</tool_call><|im_end|>")
