@@ -128,8 +128,8 @@ class Process(Protocol):
   async def wait(self) -> tuple:
     """Waits for the main process; returns (exit_code or None, signal or None, error or None)."""
 
-  def kill_tree(self) -> None:
-    """SIGKILLs the main process and all its descendants."""
+  async def kill_tree(self) -> None:
+    """SIGKILLs the main process and all its descendants (waiting for it to have started)."""
 
 
 class _PipeReader:
@@ -229,15 +229,22 @@ async def collect(process: Process, stdout_fd: int, stderr_fd: Optional[int], sp
                                  return_when=asyncio.FIRST_COMPLETED)
     if waiter not in done:
       status = CANCELLED if done else TIMED_OUT
-      process.kill_tree()
-      try:
-        await asyncio.wait_for(asyncio.shield(waiter), 10)
-      except asyncio.TimeoutError:
-        pass
+      for _ in range(20):   # kill again until the main process is reported gone
+        await process.kill_tree()
+        try:
+          await asyncio.wait_for(asyncio.shield(waiter), 0.5)
+          break
+        except asyncio.TimeoutError:
+          pass
   finally:
     for s in stoppers:
       s.cancel()
-  exit_code, sig, error = waiter.result() if waiter.done() else (None, signal.SIGKILL, None)
+  if waiter.done():
+    exit_code, sig, error = waiter.result()
+  else:
+    waiter.cancel()
+    exit_code, sig = None, None
+    error = f"the command's process (pid {process.pid}) could not be killed"
   duration = time.monotonic() - started
   for reader in readers:
     reader.detach()

@@ -466,8 +466,8 @@ class SandboxManager:
     return await self.backend.list_files(sandbox_id, record["ref"], self._path(record, path))
 
   async def apply_patch(self, sandbox_id: str, request: _api.Patch) -> dict:
-    """Applies a unified diff with the same fallbacks as SWE-bench's harness: `git apply`,
-    then `git apply --reject`, then `patch --fuzz=5`. Returns {applied, method, output}."""
+    """Applies a unified diff: `git apply`, else GNU `patch --forward --fuzz=5` (checked with
+    --dry-run first, so a failed attempt changes nothing). Returns {applied, method, output}."""
     if (request.patch is None) == (request.patch_b64 is None):
       raise InvalidRequest("give exactly one of patch (text) or patch_b64 (bytes)")
     data = (base64.b64decode(request.patch_b64) if request.patch_b64 is not None
@@ -476,10 +476,9 @@ class SandboxManager:
     cwd = request.cwd or record["workdir"]
     path = f"/tmp/.orchard-patch-{secrets.token_hex(6)}.diff"
     await self.backend.write_file(sandbox_id, record["ref"], path, data, 0o644)
+    patch_cmd = ["patch", "--batch", "--forward", "--fuzz=5", "-p1", "-i", path]
     attempts = [("git apply", ["git", "apply", "--verbose", "--whitespace=nowarn", path]),
-                ("git apply --reject", ["git", "apply", "--verbose", "--reject",
-                                        "--whitespace=nowarn", path]),
-                ("patch", ["patch", "--batch", "--fuzz=5", "-p1", "-i", path])]
+                ("patch", ["sh", "-c", '"$@" --dry-run >/dev/null && "$@"', "sh", *patch_cmd])]
     outputs = []
     applied, method = False, None
     for name, argv in attempts:

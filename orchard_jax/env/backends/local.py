@@ -209,7 +209,9 @@ class LocalBackend(Backend):
              "--perms", "0777", "--size", str(disk), "--tmpfs", workdir]
     if image.workspace_seed:
       argv += ["--ro-bind", image.workspace_seed, _SEED_MOUNT]
-    argv += ["--chdir", "/", "--", "/bin/sh", "-c", "read _"]
+    # The placeholder says "ready" once bubblewrap has finished the mounts and exec'd it, then
+    # waits on stdin (a pipe the service holds: EOF ends the sandbox).
+    argv += ["--chdir", "/", "--", "/bin/sh", "-c", "echo ready; read _"]
     return argv
 
   async def create(self, sandbox_id: str, spec: SandboxSpec) -> dict:
@@ -228,19 +230,23 @@ class LocalBackend(Backend):
     info_r, info_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
-    devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
     argv = self._bwrap_argv(sandbox_id, spec, image, workdir, disk)
     try:
       self._send({"op": "spawn", "mode": "direct", "cgroups": procs, "argv": argv,
                   "env": {"PATH": DEFAULT_PATH}, "cwd": "/"},
-                 [("stdin", keep_r), ("stdout", devnull), ("stderr", err_w),
+                 [("stdin", keep_r), ("stdout", ready_w), ("stderr", err_w),
                   ("status", status_w), ("extra", info_w)])
     finally:
-      for fd in (keep_r, info_w, err_w, status_w, devnull):
+      for fd in (keep_r, info_w, err_w, status_w, ready_w):
         os.close(fd)
     box.status = _StatusReader(status_r)
     try:
-      info = await asyncio.wait_for(self._read_info(info_r, box), self.start_timeout)
+      info = await asyncio.wait_for(self._read_until(info_r, box, b"}"), self.start_timeout)
+      info = json.loads(info)
+      ready = await asyncio.wait_for(self._read_until(ready_r, box, b"\n"), self.start_timeout)
+      if ready.strip() != b"ready":
+        raise SandboxFailed(f"the placeholder said {ready!r}")
     except (asyncio.TimeoutError, EnvError, OSError, ValueError) as e:
       err = _read_available(err_r)
       os.close(err_r)
@@ -250,6 +256,7 @@ class LocalBackend(Backend):
                           f"{err.decode(errors='replace').strip() or '(nothing)'}") from None
     finally:
       os.close(info_r)
+      os.close(ready_r)
     os.close(err_r)
     box.init_pid = info["child-pid"]
     box.pidfd = os.pidfd_open(box.init_pid)
@@ -272,7 +279,8 @@ class LocalBackend(Backend):
                             f"{result.stderr.decode(errors='replace')[-2000:]}")
     return ref
 
-  async def _read_info(self, fd, box):
+  async def _read_until(self, fd, box, end: bytes) -> bytes:
+    """Reads a pipe until `end` arrives; raises SandboxFailed if bwrap ends first."""
     os.set_blocking(fd, False)
     loop = asyncio.get_running_loop()
     data = b""
@@ -292,10 +300,9 @@ class LocalBackend(Backend):
         chunk = None
       if chunk:
         data += chunk
-        try:
-          return json.loads(data)
-        except ValueError:
-          continue
+        if end in data:
+          return data
+        continue
       if box.status.ended.is_set() or chunk == b"":
         raise SandboxFailed(box.status.describe_end())
 
@@ -632,7 +639,11 @@ class _SpawnedProcess:
       return None, None, f"sandbox {self.box.id!r} went away while the command ran"
     return self.status.exit, self.status.signal, None
 
-  def kill_tree(self):
+  async def kill_tree(self):
+    try:
+      await asyncio.wait_for(self.status.started.wait(), 10)
+    except asyncio.TimeoutError:
+      return
     if self.status.pid is None:
       return
     cgroups = self.backend._cgroups
@@ -676,7 +687,7 @@ class _LocalPty(PtySession):
     fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
   async def close(self) -> None:
-    self.process.kill_tree()
+    await self.process.kill_tree()
     if self.master is not None:
       os.close(self.master)
       self.master = None

@@ -1,0 +1,282 @@
+"""The Orchard Env contract: the HTTP service driven through the SDK, once per backend.
+
+Every expectation here is what a user of a sandbox service relies on (issue 4): lifecycle,
+exec semantics, files, patches, auth, isolation, limits and reaping. Expected values are
+written out in the tests (or computed with plain Python from the same inputs), never with
+the code under test.
+"""
+import base64
+import time
+
+import httpx
+import pytest
+
+from orchard_jax import env as orchard_env
+from tests.env.conftest import host_pids_with
+
+
+# ---------------------------------------------------------------------------- lifecycle
+def test_lifecycle_create_get_list_heartbeat_delete(client):
+  box = client.create_sandbox(labels={"suite": "contract", "case": "lifecycle"}, timeout=600)
+  assert box.state == "ready"
+  info = client.sandbox(box.id).info
+  assert info["id"] == box.id and info["state"] == "ready" and info["labels"]["case"] == "lifecycle"
+  assert info["expires_at"] - info["created_at"] == pytest.approx(600, abs=1)
+  listed = client.list_sandboxes(labels={"case": "lifecycle"})
+  assert [s["id"] for s in listed] == [box.id]
+  assert client.list_sandboxes(labels={"case": "no-such-label"}) == []
+  before = box.info["last_heartbeat"]
+  time.sleep(0.01)
+  assert box.heartbeat()["last_heartbeat"] > before
+  box.delete()
+  with pytest.raises(orchard_env.SandboxNotFound, match="deleted by a client"):
+    client.sandbox(box.id)
+  with pytest.raises(orchard_env.SandboxNotFound):
+    client.delete_sandbox("sbx-000000000000")
+
+
+def test_client_close_deletes_what_it_created(service):
+  with orchard_env.SandboxClient(service.url, service.api_key) as c:
+    ids = [c.create_sandbox().id for _ in range(2)]
+  with orchard_env.SandboxClient(service.url, service.api_key) as c:
+    for sandbox_id in ids:
+      with pytest.raises(orchard_env.SandboxNotFound):
+        c.sandbox(sandbox_id)
+
+
+def test_bad_requests_say_what_was_expected(client):
+  with pytest.raises(orchard_env.InvalidRequest, match="memory"):
+    client.create_sandbox(memory="lots")
+  with pytest.raises(orchard_env.ImageError):
+    client.create_sandbox(image="/definitely/not/an/allowed/image")
+
+
+# ---------------------------------------------------------------------------- exec semantics
+def test_exec_separates_streams_and_reports_exit_code(box):
+  result = box.exec("echo out; echo err >&2; exit 3")
+  assert (result.status, result.exit_code) == ("finished", 3)
+  assert (result.stdout, result.stderr) == ("out\n", "err\n")
+  assert not result.ok and result.duration > 0
+  with pytest.raises(orchard_env.CommandFailed, match="exited with 3"):
+    box.exec("exit 3", check=True)
+
+
+def test_exec_merges_streams_in_order(box):
+  result = box.exec("echo a; sleep 0.05; echo b >&2; sleep 0.05; echo c", merge_stderr=True)
+  assert result.stdout == "a\nb\nc\n" and result.stderr == ""
+
+
+def test_exec_argv_env_cwd_stdin(box):
+  assert box.exec(["printf", "%s|", "a b", "c"]).stdout == "a b|c|"
+  assert box.exec("echo $GREETING", env={"GREETING": "hello there"}).stdout == "hello there\n"
+  assert box.exec("pwd").stdout.strip() == box.workdir
+  assert box.exec("pwd", cwd="/tmp").stdout == "/tmp\n"
+  assert box.exec("wc -c", stdin=b"\x00" * 70000).stdout.strip() == "70000"
+  failed = box.exec("true", cwd="/no/such/folder")
+  assert failed.status == "failed" and "/no/such/folder" in failed.error
+
+
+def test_exec_output_that_is_not_utf8(box):
+  raw = bytes([0xFF, 0xFE, 0x00, 0x80]) + "é".encode("latin-1") + b"ok"
+  result = box.exec("printf '\\377\\376\\000\\200\\351ok'")
+  assert result.stdout_bytes == raw
+  assert result.stdout == raw.decode("utf-8", errors="replace")
+
+
+def test_exec_caps_huge_output_keeping_head_and_tail(box):
+  result = box.exec("seq 1 200000", max_output_bytes=2000)
+  full = "".join(f"{i}\n" for i in range(1, 200001)).encode()
+  assert result.stdout_total_bytes == len(full)
+  assert result.stdout_dropped_bytes == len(full) - 2000
+  assert result.truncated
+  assert result.stdout_bytes.startswith(full[:1000])
+  assert result.stdout_bytes.endswith(full[-1000:])
+  assert b"bytes omitted" in result.stdout_bytes[1000:-1000]
+  big = box.exec("head -c 30000000 /dev/zero", max_output_bytes=1 << 20)
+  assert big.stdout_total_bytes == 30_000_000 and len(big.stdout_bytes) < (1 << 20) + 100
+
+
+def test_timeout_kills_the_whole_process_tree(box):
+  marker = "271828"
+  started = time.monotonic()
+  result = box.exec(f"sleep {marker}1 & (sleep {marker}2 & sleep {marker}3) & sleep {marker}4",
+                    timeout=1.5)
+  assert result.status == "timed_out" and result.exit_code is None
+  assert result.timed_out and time.monotonic() - started < 30
+  left = box.exec("ps -eo args | grep -c '[s]leep 271828' || true").stdout.strip()
+  assert left == "0"
+  assert host_pids_with(f"sleep {marker}") == []
+
+
+def test_background_processes_outlive_the_command_but_not_the_sandbox(client):
+  box = client.create_sandbox()
+  marker = "314159"
+  started = time.monotonic()
+  result = box.exec(f"sleep {marker} & echo started")   # the sleeper keeps stdout open
+  assert result.stdout == "started\n" and time.monotonic() - started < 10
+  assert box.exec(f"ps -eo args | grep -c '[s]leep {marker}'").stdout.strip() == "1"
+  assert len(host_pids_with(f"sleep {marker}")) == 1
+  box.delete()
+  deadline = time.monotonic() + 10
+  while host_pids_with(f"sleep {marker}") and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert host_pids_with(f"sleep {marker}") == []
+
+
+def test_running_job_is_never_reported_finished(box):
+  job = box.start("sleep 1.5; echo done")
+  assert job.status == "running"
+  info = job.refresh()
+  assert info["status"] == "running" and info["exit_code"] is None
+  with pytest.raises(TimeoutError):
+    job.wait(timeout=0.2)
+  result = job.wait()
+  assert (result.status, result.exit_code, result.stdout) == ("finished", 0, "done\n")
+
+
+def test_cancel_kills_a_running_job(box):
+  job = box.start("sleep 600")
+  result = job.cancel()
+  assert result.status == "cancelled" and result.exit_code is None
+
+
+# ---------------------------------------------------------------------------- files
+def test_files_round_trip_binary_and_list(box):
+  payload = bytes(range(256)) * 4096 + b"\r\n\x00end"
+  box.upload("data/blob.bin", payload, mode=0o600)
+  assert box.download("data/blob.bin") == payload
+  assert box.download(f"{box.workdir}/data/blob.bin") == payload
+  entries = box.list_files("data")
+  assert [(e["name"], e["type"], e["size"], e["mode"]) for e in entries] == [
+      ("blob.bin", "file", len(payload), 0o600)]
+  assert box.exec("sha256sum data/blob.bin").stdout.split()[0] == __import__(
+      "hashlib").sha256(payload).hexdigest()
+  with pytest.raises(orchard_env.SandboxFileNotFound):
+    box.download("data/missing.bin")
+  with pytest.raises(orchard_env.FileOperationError):
+    box.upload("/usr/evil.txt", b"x")
+
+
+# ---------------------------------------------------------------------------- patches
+_PATCH = """\
+diff --git a/hello.py b/hello.py
+--- a/hello.py
++++ b/hello.py
+@@ -1,2 +1,2 @@
+ def greet():
+-  return "hello"
++  return "hello, world"
+diff --git a/new.txt b/new.txt
+new file mode 100644
+--- /dev/null
++++ b/new.txt
+@@ -0,0 +1 @@
++brand new
+diff --git a/old.txt b/old.txt
+deleted file mode 100644
+--- a/old.txt
++++ /dev/null
+@@ -1 +0,0 @@
+-obsolete
+"""
+
+
+def test_apply_patch_modifies_creates_and_deletes(box):
+  box.upload("hello.py", 'def greet():\n  return "hello"\n')
+  box.upload("old.txt", "obsolete\n")
+  result = box.apply_patch(_PATCH)
+  assert result.applied and result.method == "git apply"
+  assert box.download("hello.py") == b'def greet():\n  return "hello, world"\n'
+  assert box.download("new.txt") == b"brand new\n"
+  assert box.exec("test -e old.txt").exit_code == 1
+  with pytest.raises(orchard_env.PatchError):
+    box.apply_patch(_PATCH)   # already applied: the context no longer matches
+  assert not box.apply_patch(_PATCH, check=False).applied
+
+
+# ---------------------------------------------------------------------------- auth
+def test_auth_missing_and_wrong_key(service):
+  assert httpx.get(service.url + "/health").status_code == 200
+  assert httpx.get(service.url + "/v1/sandboxes").status_code == 401
+  assert httpx.get(service.url + "/v1/sandboxes",
+                   headers={"X-API-Key": "wrong"}).status_code == 403
+  with orchard_env.SandboxClient(service.url, "wrong") as bad:
+    with pytest.raises(orchard_env.PermissionDenied):
+      bad.list_sandboxes()
+  assert httpx.get(service.url + "/metrics").status_code == 401
+
+
+# ---------------------------------------------------------------------------- isolation
+def test_sandboxes_cannot_see_each_others_files_or_processes(client):
+  a, b = client.create_sandbox(), client.create_sandbox()
+  a.exec("echo secret > secret.txt; echo secret > /tmp/secret.txt; sleep 161803 &")
+  assert b.exec("cat secret.txt").exit_code != 0
+  assert b.exec("cat /tmp/secret.txt").exit_code != 0
+  assert b.exec("ps -eo args | grep -c '[s]leep 161803' || true").stdout.strip() == "0"
+  assert a.exec("ps -eo args | grep -c '[s]leep 161803'").stdout.strip() == "1"
+  assert b.exec("touch /usr/bin/evil").exit_code != 0   # the image is read-only
+  assert b.exec("test -e /root/.bash_history -o -e /root/.cache").exit_code != 0
+  a.delete()
+  b.delete()
+
+
+def test_network_blocked_unless_allowed(client, service):
+  port = int(service.url.rsplit(":", 1)[1])
+  probe = ("python3 -c \"import socket; socket.create_connection(('127.0.0.1', %d), timeout=3); "
+           "print('connected')\"" % port)
+  with client.create_sandbox() as blocked:
+    result = blocked.exec(probe)
+    assert result.exit_code != 0 and "connected" not in result.stdout
+    assert blocked.exec("cat /sys/class/net/*/operstate 2>/dev/null; ls /sys/class/net 2>/dev/null"
+                        " || true").exit_code == 0
+  with client.create_sandbox(network=True) as allowed:
+    assert allowed.exec(probe).stdout == "connected\n"
+
+
+# ---------------------------------------------------------------------------- limits
+def test_fork_bomb_is_contained(client):
+  with client.create_sandbox(pids=64) as box:
+    result = box.exec("bomb() { bomb | bomb & }; bomb", timeout=3)
+    assert result.status in ("timed_out", "finished")
+    assert client.health()["status"] == "ok"
+    assert box.exec("echo alive", timeout=30).stdout == "alive\n"
+  with client.create_sandbox() as other:
+    assert other.exec("echo fine").stdout == "fine\n"
+
+
+def test_memory_hog_is_contained(client):
+  with client.create_sandbox(memory="128Mi") as box:
+    result = box.exec("python3 -c \"x = bytearray(1 << 30); print('survived')\"", timeout=60)
+    assert "survived" not in result.stdout and not result.ok
+    assert box.exec("echo alive").stdout == "alive\n"
+  assert client.health()["status"] == "ok"
+
+
+def test_disk_limit(client):
+  with client.create_sandbox(disk="8Mi") as box:
+    result = box.exec("head -c 20000000 /dev/zero > big.bin", timeout=60)
+    assert result.exit_code != 0 and "No space left" in result.stderr
+
+
+# ---------------------------------------------------------------------------- reaping
+def test_ttl_and_heartbeat_expiry_reap(client):
+  ttl = client.create_sandbox(timeout=0.5)
+  quiet = client.create_sandbox(heartbeat_timeout=0.8)
+  kept = client.create_sandbox(heartbeat_timeout=0.8)
+  deadline = time.monotonic() + 3
+  while time.monotonic() < deadline:
+    kept.heartbeat()
+    time.sleep(0.2)
+  with pytest.raises(orchard_env.SandboxNotFound, match="ttl"):
+    ttl.refresh()
+  with pytest.raises(orchard_env.SandboxNotFound, match="heartbeat"):
+    quiet.refresh()
+  assert kept.refresh()["state"] == "ready"
+  kept.delete()
+
+
+def test_metrics_count_sandboxes_and_jobs(client, box):
+  box.exec("true")
+  text = client.metrics()
+  assert 'orchard_env_sandboxes{state="ready"}' in text
+  assert "orchard_env_job_duration_seconds_count" in text
