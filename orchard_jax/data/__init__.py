@@ -15,7 +15,7 @@ from orchard_jax.data.tool_calls import (
   ToolCallError, ToolCallParser, get_tool_call_parser, parse_assistant_text, split_reasoning)
 from orchard_jax.data.records import CHAT_ROLES, ModelCall, Trajectory, chat_messages
 from orchard_jax.data.sequences import (
-  TrainingSequence, sequences_from_model_calls, sft_sequences_from_messages)
+  TrainingSequence, lm_sequences, sequences_from_model_calls, sft_sequences_from_messages)
 from orchard_jax.data.store import TrajectoryStore
 from orchard_jax.data.packing import (
   OVERFLOW_POLICIES, REQUIRED_KEYS, PackedBatch, PackedData, PackingStats, Placement,

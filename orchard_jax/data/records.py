@@ -15,6 +15,8 @@ import dataclasses
 import time
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from orchard_jax.data.errors import StoreError
 
 MODEL_CALL = "model_call"
@@ -73,9 +75,9 @@ class ModelCall:
   metadata: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
-    self.prompt_ids = [int(i) for i in self.prompt_ids]
-    self.output_ids = [int(i) for i in self.output_ids]
-    self.output_logprobs = [float(x) for x in self.output_logprobs]
+    self.prompt_ids = _as_list(self.prompt_ids, int)
+    self.output_ids = _as_list(self.output_ids, int)
+    self.output_logprobs = _as_list(self.output_logprobs, float)
     _check(isinstance(self.session_id, str) and self.session_id, "session_id",
            "a non-empty string", self.session_id)
     _check(isinstance(self.call_index, int) and self.call_index >= 0, "call_index",
@@ -190,6 +192,13 @@ def chat_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
   """
   keep = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content")
   return [{k: m[k] for k in keep if k in m} for m in messages if m.get("role") in CHAT_ROLES]
+
+
+def _as_list(values: Any, kind: type) -> list:
+  """Plain Python ints/floats (JSON-serialisable) from a list, tuple or numpy array."""
+  if isinstance(values, np.ndarray):
+    return values.astype(np.int64 if kind is int else np.float64).tolist()
+  return list(map(kind, values))
 
 
 def _check(ok: bool, field: str, expected: str, seen: Any) -> None:

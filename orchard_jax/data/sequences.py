@@ -189,6 +189,41 @@ def sft_sequences_from_messages(messages: Sequence[Mapping[str, Any]], tokenizer
   return sequences_from_model_calls(calls, mode="sft", tokenizer=tokenizer)
 
 
+def lm_sequences(texts: Iterable[str], tokenizer: Any, *, max_len: int) -> list[TrainingSequence]:
+  """Plain next-token training sequences from documents (e.g. `tokenizer.stdlib_corpus()`).
+
+  Each document is encoded, closed with <|endoftext|> (the eos id when the vocabulary lacks
+  it) and cut into chunks of at most `max_len` tokens; every token of a chunk but its first
+  carries loss weight 1. Chunks of one token are dropped (nothing to predict).
+
+  Args:
+    texts: documents.
+    tokenizer: a `Tokenizer`.
+    max_len: longest chunk, normally the packed seq_len.
+  Returns:
+    Sequences in document order (action_ids -1, old log-probs 0, logprobs_known False).
+  Raises:
+    DataError: max_len < 2.
+  """
+  if max_len < 2:
+    raise DataError(f"max_len must be >= 2, got {max_len}")
+  end = tokenizer.token_to_id("<|endoftext|>")
+  end = tokenizer.eos_id if end is None else end
+  result = []
+  for ids in tokenizer.encode_batch(list(texts)):
+    ids = np.asarray(ids + [end], np.int32)
+    for start in range(0, len(ids), max_len):
+      chunk = ids[start:start + max_len]
+      if len(chunk) < 2:
+        continue
+      weights = np.ones(len(chunk), np.float32)
+      weights[0] = 0.0
+      result.append(TrainingSequence(
+        input_ids=chunk, loss_weights=weights, old_logprobs=np.zeros(len(chunk), np.float32),
+        action_ids=np.full(len(chunk), -1, np.int32), logprobs_known=False))
+  return result
+
+
 def _tokenise_text_only(call: ModelCall, tokenizer: Any):
   """(prompt ids, completion ids, zero log-probs, False) of a text-only call, as inference
   would have tokenised it."""

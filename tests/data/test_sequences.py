@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from orchard_jax.data import (
-  DataError, ModelCall, TextOnlyRecordError, TrainingSequence, sequences_from_model_calls,
-  sft_sequences_from_messages)
+  DataError, ModelCall, TextOnlyRecordError, TrainingSequence, lm_sequences,
+  sequences_from_model_calls, sft_sequences_from_messages)
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {
   "type": "object", "properties": {"command": {"type": "string"}}}}}]
@@ -154,3 +154,18 @@ def test_action_weights_and_advantages():
   with pytest.raises(DataError, match="shape"):
     TrainingSequence(input_ids=[1, 2], loss_weights=[0], old_logprobs=[0, 0],
                      action_ids=[-1, -1])
+
+
+def test_lm_sequences_chunk_documents(tok):
+  docs = ["def f():\n    return 1\n" * 20, "x = 2\n"]
+  seqs = lm_sequences(docs, tok, max_len=16)
+  end = tok.token_to_id("<|endoftext|>")
+  expected = []
+  for doc in docs:
+    ids = tok.encode(doc) + [end]
+    expected += [ids[i:i + 16] for i in range(0, len(ids), 16) if len(ids[i:i + 16]) > 1]
+  assert [s.input_ids.tolist() for s in seqs] == expected
+  for s in seqs:
+    np.testing.assert_array_equal(s.loss_weights, [0] + [1] * (len(s) - 1))
+  with pytest.raises(DataError, match="max_len"):
+    lm_sequences(docs, tok, max_len=1)
