@@ -177,7 +177,8 @@ class TrajectoryStore:
       self._fds[kind] = fd
     record = {"kind": line.pop("kind"), _WRITTEN: time.time_ns(), **line}
     try:
-      data = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode()
+      # NaN/inf (a -inf log-prob) are kept as Python's JSON extension rather than lost.
+      data = (json.dumps(record, ensure_ascii=False) + "\n").encode()
     except (TypeError, ValueError) as e:
       raise StoreError(f"{kind} record is not JSON-serialisable: {e}") from e
     view = memoryview(data)
@@ -238,6 +239,10 @@ class TrajectoryStore:
     Raises:
       StoreError: a compacted prompt refers to a call the store no longer holds.
     """
+    with self._lock:
+      return self._model_calls(session_id)
+
+  def _model_calls(self, session_id: str | None) -> list[ModelCall]:
     self.refresh()
     if session_id is None:
       entries = [e for session in self._calls.values() for e in session]
@@ -278,6 +283,10 @@ class TrajectoryStore:
     Returns:
       Trajectories sorted by (task_id, attempt, created_at, trajectory_id).
     """
+    with self._lock:
+      return self._query_trajectories(task_id, experiment, iteration, session_id)
+
+  def _query_trajectories(self, task_id, experiment, iteration, session_id) -> list[Trajectory]:
     self.refresh()
     latest: dict[str, _Entry] = {}
     for e in self._trajectories:

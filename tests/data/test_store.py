@@ -157,3 +157,23 @@ def test_unknown_fields_are_kept_not_lost(tmp_path):
   shard.write_text(json.dumps(record) + "\n")
   (got,) = TrajectoryStore(tmp_path).trajectories()
   assert got.metadata["_extra"] == {"written_by_a_newer_version": [1, 2]}
+
+
+def test_threads_appending_to_one_store(tmp_path):
+  import threading
+
+  store = TrajectoryStore(tmp_path)
+
+  def work(t):
+    for call in _session(f"s{t}", 25, prompt_len=300, out_len=30):
+      store.append_model_call(call)
+
+  threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  fresh = TrajectoryStore(tmp_path)
+  assert fresh.session_ids() == ["s0", "s1", "s2", "s3"]
+  for t in range(4):
+    assert fresh.model_calls(f"s{t}") == _session(f"s{t}", 25, prompt_len=300, out_len=30)
