@@ -280,3 +280,10 @@ def test_metrics_count_sandboxes_and_jobs(client, box):
   text = client.metrics()
   assert 'orchard_env_sandboxes{state="ready"}' in text
   assert "orchard_env_job_duration_seconds_count" in text
+
+
+def test_workspace_belongs_to_the_sandbox_user(box):
+  # git refuses repositories owned by another user ("dubious ownership").
+  result = box.exec("git init -q . && git -c user.email=a@b -c user.name=a commit -q "
+                    "--allow-empty -m init && git status --short && git log --format=%s")
+  assert (result.exit_code, result.stdout) == (0, "init\n"), result.stderr

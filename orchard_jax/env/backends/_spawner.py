@@ -382,10 +382,15 @@ def _child(req, fds):
         _file_op(req, fds)
       elif op == "connect":
         _connect(req, fds)
+      elif op == "own":   # hand folders (the workspace) to the sandbox user, then report
+        creds = req["creds"]
+        for path in req["paths"]:
+          os.chown(path, creds["uid"], creds["gid"])
+        _write_json(fds["reply"], {"ok": True})
     except OSError as e:
       target = fds.get("status", fds.get("reply"))
       if target is not None:
-        if op == "file":
+        if op in ("file", "own"):
           _write_json(target, {"ok": False, "errno": e.errno, "error": str(e)})
         else:
           _write_json(target, {"error": f"cannot enter the sandbox: {e}"})

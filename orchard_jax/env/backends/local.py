@@ -193,22 +193,35 @@ class LocalBackend(Backend):
       argv += ["--unshare-user", "--uid", "1000", "--gid", "1000", "--disable-userns"]
     else:
       argv += ["--cap-drop", "ALL"]
+    # Every folder on the way to a mount point is rebuilt in the sandbox's root tmpfs (its
+    # entries bound one by one), so bwrap can create mount points below read-only folders.
+    points = [p for _, p in image.binds] + [workdir]
+    exploded = {os.path.dirname(p) for p in points}
+    for p in list(exploded):
+      while p not in ("/", ""):
+        exploded.add(p)
+        p = os.path.dirname(p)
     if image.kind in ("host", "layer"):
       for d in _HOST_DIRS + tuple(self.host_paths):
-        argv += _mirror(d)
-      argv += ["--dir", "/run", "--dir", "/var"]
+        argv += _mirror(d, d, exploded)
+      argv += ["--perms", "0755", "--dir", "/run", "--perms", "0755", "--dir", "/var"]
     else:
       for entry in sorted(os.listdir(image.root)):
         if entry in ("proc", "dev", "tmp", _images.IMAGE_MANIFEST):
           continue
-        argv += _mirror(os.path.join(image.root, entry), "/" + entry)
+        argv += _mirror(os.path.join(image.root, entry), "/" + entry, exploded)
+    base = image.root if image.kind == "rootfs" else "/"
+    for p in sorted(exploded, key=lambda x: x.count("/")):   # folders the host lacks
+      if not os.path.lexists(os.path.join(base, p.lstrip("/"))):
+        argv += ["--perms", "0755", "--dir", p]
     for src, point in image.binds:
       argv += ["--ro-bind", src, point]
     argv += ["--proc", "/proc", "--dev", "/dev",
              "--perms", "1777", "--size", str(disk), "--tmpfs", "/tmp",
              "--perms", "0777", "--size", str(disk), "--tmpfs", workdir]
     if image.workspace_seed:
-      argv += ["--ro-bind", image.workspace_seed, _SEED_MOUNT]
+      argv += ["--perms", "0755", "--dir", os.path.dirname(_SEED_MOUNT),
+               "--ro-bind", image.workspace_seed, _SEED_MOUNT]
     # The placeholder says "ready" once bubblewrap has finished the mounts and exec'd it, then
     # waits on stdin (a pipe the service holds: EOF ends the sandbox).
     argv += ["--chdir", "/", "--", "/bin/sh", "-c", "echo ready; read _"]
@@ -268,6 +281,18 @@ class LocalBackend(Backend):
       json.dump(meta, f)
     ref = {"id": sandbox_id, "init_pid": box.init_pid, "workdir": workdir,
            "env": image.env_dict, "network": spec.network}
+    if self.creds is not None:   # the workspace belongs to the sandbox user (git wants that)
+      reply_r, reply_w = os.pipe2(os.O_CLOEXEC)
+      try:
+        self._send({"op": "own", "paths": [workdir], "creds": self.creds, "cgroups": [],
+                    "ns_flags": box.ns_flags}, [("reply", reply_w), ("pidfd", box.pidfd)])
+      finally:
+        os.close(reply_w)
+      answer = await _read_all(reply_r)
+      if not answer.startswith(b'{"ok": true'):
+        await self.delete(sandbox_id, None)
+        raise SandboxFailed(f"cannot hand the workspace of {sandbox_id!r} to the sandbox user: "
+                            f"{answer.decode(errors='replace')}")
     if image.workspace_seed:
       result = await self._run(box, _jobs.JobSpec(
           command=["cp", "-a", _SEED_MOUNT + "/.", workdir + "/"], env={"PATH": DEFAULT_PATH},
@@ -693,11 +718,16 @@ class _LocalPty(PtySession):
       self.master = None
 
 
-def _mirror(host_path, target=None):
-  """bwrap arguments that show `host_path` read-only at `target` (symlinks stay symlinks)."""
-  target = target or host_path
+def _mirror(host_path, target, exploded=frozenset()):
+  """bwrap arguments that show `host_path` read-only at `target` (symlinks stay symlinks).
+  Targets in `exploded` become folders of the root tmpfs holding their entries' binds."""
   if os.path.islink(host_path):
     return ["--symlink", os.readlink(host_path), target]
+  if target in exploded and os.path.isdir(host_path):
+    args = ["--perms", "0755", "--dir", target]
+    for entry in sorted(os.listdir(host_path)):
+      args += _mirror(os.path.join(host_path, entry), os.path.join(target, entry), exploded)
+    return args
   if os.path.exists(host_path):
     return ["--ro-bind", host_path, target]
   return []

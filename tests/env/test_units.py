@@ -1,0 +1,198 @@
+"""Pieces of Orchard Env checked on their own: output capping, units, images, SDK retries."""
+import json
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from orchard_jax import env as orchard_env
+from orchard_jax.env import api, images, jobs
+
+
+# ---------------------------------------------------------------------------- capping
+@pytest.mark.parametrize("limit", [0, 1, 7, 64, 1000])
+@pytest.mark.parametrize("chunks", [[b"abc"], [b"x" * 5000], [bytes([i % 251]) * 37 for i in range(300)]])
+def test_capped_buffer_keeps_head_and_tail(limit, chunks):
+  data = b"".join(chunks)
+  buf = jobs.CappedBuffer(limit)
+  for c in chunks:
+    buf.write(c)
+  head, tail = limit // 2, limit - limit // 2
+  assert buf.total == len(data)
+  if len(data) <= limit:
+    assert buf.getvalue() == data and buf.dropped == 0
+  else:
+    dropped = len(data) - limit
+    assert buf.dropped == dropped
+    expected_tail = data[len(data) - tail:] if tail else b""
+    assert buf.getvalue() == (data[:head] + b"\n[... orchard-env: %d bytes omitted ...]\n" % dropped
+                              + expected_tail)
+
+
+# ---------------------------------------------------------------------------- units
+@pytest.mark.parametrize("text,expected", [
+    (1024, 1024), ("512Mi", 512 * 2**20), ("2G", 2 * 10**9), ("1.5Gi", int(1.5 * 2**30)),
+    ("100k", 100_000), ("64KiB", 65536), ("7", 7)])
+def test_parse_bytes(text, expected):
+  assert api.parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["lots", "-1", "1Xi", True, -5])
+def test_parse_bytes_rejects(bad):
+  with pytest.raises(ValueError, match="quantity|>= 0|bytes"):
+    api.parse_bytes(bad)
+
+
+def test_parse_cpu():
+  assert api.parse_cpu("500m") == 0.5 and api.parse_cpu(2) == 2.0
+  with pytest.raises(ValueError):
+    api.parse_cpu("0")
+
+
+# ---------------------------------------------------------------------------- images
+def test_image_directory_layer_over_host(tmp_path):
+  root = tmp_path / "images"
+  image = root / "pkg-env"
+  (image / "venv" / "bin").mkdir(parents=True)
+  (image / "repo").mkdir()
+  images.write_image_manifest(str(image), binds={"venv": "/opt/venv"}, workdir="/testbed",
+                              env={"PATH": "/opt/venv/bin:/usr/bin:/bin"}, workspace_seed="repo")
+  with open(image / "image.json") as f:
+    manifest = json.load(f)
+  assert manifest == {"version": 1, "base": "host", "binds": {"venv": "/opt/venv"},
+                      "workdir": "/testbed", "env": {"PATH": "/opt/venv/bin:/usr/bin:/bin"},
+                      "workspace_seed": "repo"}
+  spec = images.resolve_image(str(image), allowed_roots=[str(root)])
+  assert spec.kind == "layer" and spec.workdir == "/testbed"
+  assert spec.binds == ((str(image / "venv"), "/opt/venv"),)
+  assert spec.workspace_seed == str(image / "repo")
+
+
+def test_image_guards(tmp_path):
+  root = tmp_path / "images"
+  outside = tmp_path / "elsewhere"
+  outside.mkdir()
+  (root / "img").mkdir(parents=True)
+  with pytest.raises(orchard_env.ImageNotAllowed, match="outside the allowed image roots"):
+    images.resolve_image(str(outside), allowed_roots=[str(root)])
+  os.symlink(str(outside), root / "img" / "escape")
+  with pytest.raises(orchard_env.ImageError, match="leaves the image directory"):
+    images.write_image_manifest(str(root / "img"), binds={"escape": "/opt/x"})
+  with pytest.raises(orchard_env.ImageError, match="under"):
+    images.write_image_manifest(str(root / "img"), binds={".": "/proc/x"})
+  (root / "img" / "image.json").write_text('{"base": "host", "colour": "red"}')
+  with pytest.raises(orchard_env.ImageError, match="unknown keys"):
+    images.resolve_image(str(root / "img"), allowed_roots=[str(root)])
+  (root / "img" / "image.json").unlink()
+  with pytest.raises(orchard_env.ImageError, match="not a root filesystem"):
+    images.resolve_image(str(root / "img"), allowed_roots=[str(root)])
+  with pytest.raises(orchard_env.ImageError, match="container images need"):
+    images.resolve_image("python:3.11-slim", allowed_roots=[str(root)])
+
+
+def test_image_layer_runs_with_its_binds_env_and_seeded_workspace(tmp_path):
+  root = tmp_path / "images"
+  image = root / "tool"
+  (image / "bin").mkdir(parents=True)
+  (image / "bin" / "hello-tool").write_text("#!/bin/sh\necho tool says $GREETING\n")
+  (image / "bin" / "hello-tool").chmod(0o755)
+  (image / "seed").mkdir()
+  (image / "seed" / "README").write_text("seeded\n")
+  images.write_image_manifest(str(image), binds={"bin": "/opt/tool/bin"}, workdir="/testbed",
+                              env={"GREETING": "hi", "PATH": "/opt/tool/bin:/usr/bin:/bin"},
+                              workspace_seed="seed")
+  backend = orchard_env.LocalBackend(state_dir=str(tmp_path / "state"), image_roots=[str(root)])
+  with orchard_env.Orchestrator(backend) as service, \
+       orchard_env.SandboxClient(service.url, service.api_key) as client:
+    with client.create_sandbox(image=str(image)) as box:
+      assert box.workdir == "/testbed"
+      assert box.exec("hello-tool").stdout == "tool says hi\n"
+      assert box.exec("cat README && echo more >> README && cat README").stdout == "seeded\nseeded\nmore\n"
+      assert box.exec("touch /opt/tool/bin/x").exit_code != 0
+    assert (image / "seed" / "README").read_text() == "seeded\n"   # the seed is untouched
+
+
+# ---------------------------------------------------------------------------- SDK retries
+class _Flaky(BaseHTTPRequestHandler):
+  """A stand-in service: answers 503 `fail` times, then 200; or sleeps (a slow command)."""
+  script = {}
+
+  def log_message(self, *args):
+    pass
+
+  def _answer(self):
+    _Flaky.script["requests"].append((self.command, self.path))
+    length = int(self.headers.get("content-length") or 0)
+    self.rfile.read(length)
+    if _Flaky.script.get("sleep"):
+      time.sleep(_Flaky.script["sleep"])
+    if _Flaky.script["fail"] > 0:
+      _Flaky.script["fail"] -= 1
+      self.send_response(503)
+      body = b'{"error": {"code": "unavailable", "message": "busy"}}'
+    else:
+      self.send_response(200)
+      body = json.dumps({"sandboxes": []}).encode()
+    self.send_header("content-type", "application/json")
+    self.send_header("content-length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
+  do_GET = do_POST = _answer
+
+
+@pytest.fixture
+def flaky():
+  server = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  _Flaky.script = {"fail": 0, "requests": [], "sleep": 0}
+  yield f"http://127.0.0.1:{server.server_address[1]}", _Flaky.script
+  server.shutdown()
+
+
+def test_sdk_retries_503_with_backoff(flaky):
+  url, script = flaky
+  script["fail"] = 2
+  policy = orchard_env.RetryPolicy(attempts=4, backoff=0.05, jitter=0.5)
+  with orchard_env.SandboxClient(url, "k", retry=policy) as client:
+    started = time.monotonic()
+    assert client.list_sandboxes() == []
+    assert len(script["requests"]) == 3
+    assert time.monotonic() - started >= 0.05 * 0.5 + 0.1 * 0.5
+  script.update(fail=10, requests=[])
+  with orchard_env.SandboxClient(url, "k", retry=policy) as client:
+    with pytest.raises(orchard_env.ServiceUnavailable):
+      client.list_sandboxes()
+    assert len(script["requests"]) == 4
+
+
+def test_backoff_grows_and_jitters():
+  policy = orchard_env.RetryPolicy(backoff=0.1, max_backoff=1.0, jitter=0.5)
+  for attempt, base in [(0, 0.1), (1, 0.2), (2, 0.4), (5, 1.0)]:
+    delays = [policy.delay(attempt) for _ in range(200)]
+    assert all(base * 0.5 <= d <= base * 1.5 for d in delays)
+    assert len(set(delays)) > 100
+
+
+def test_sdk_retries_connection_refused_then_gives_up():
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  policy = orchard_env.RetryPolicy(attempts=3, backoff=0.01)
+  with pytest.raises(orchard_env.ServiceUnavailable, match="3 tries"):
+    orchard_env.SandboxClient(f"http://127.0.0.1:{port}", "k", retry=policy).list_sandboxes()
+
+
+def test_sdk_never_resends_a_command_whose_request_timed_out(flaky):
+  import httpx
+  url, script = flaky
+  script["sleep"] = 0.5
+  client = orchard_env.SandboxClient(url, "k", retry=orchard_env.RetryPolicy(attempts=5, backoff=0.01))
+  with pytest.raises(httpx.ReadTimeout):
+    client.request("POST", "/v1/sandboxes/sbx-1/exec", json={"command": "rm -rf x"}, timeout=0.1)
+  time.sleep(0.6)
+  assert script["requests"] == [("POST", "/v1/sandboxes/sbx-1/exec")]
