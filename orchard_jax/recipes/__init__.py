@@ -10,6 +10,8 @@ from ml_collections import ConfigDict
 
 # job name -> "module:function" inside orchard_jax.recipes. One line per job.
 JOBS = {
+    "swe.build_tasks": "swe:build_tasks",
+    "swe.evaluate": "swe:evaluate",
 }
 
 

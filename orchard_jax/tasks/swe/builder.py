@@ -68,7 +68,7 @@ class BuildSettings:
   packages: tuple[str, ...] = DEFAULT_PACKAGES
   instances_per_package: int = 14
   max_candidates_per_package: int = 60
-  seconds_per_package: float = 150.0
+  seconds_per_package: float = 120.0
   workers: int = 2
   test_timeout_s: float = 120.0
   seed: int = 0
