@@ -211,7 +211,7 @@ class SandboxManager:
           await self.backend.delete(sandbox_id, ref)
       else:
         if ref is not None:
-          record.update(state=READY, ready_at=_now(), ref=ref)
+          record.update(state=READY, ready_at=_now(), last_heartbeat=_now(), ref=ref)
         else:
           record.update(state=FAILED, error=f"sandbox failed to start: {error}",
                         expires_at=min(record["expires_at"], _now() + self.config.tombstone_ttl))
@@ -550,7 +550,8 @@ class SandboxManager:
         reason = f"expired: its ttl of {record['timeout']:g} s ran out"
       elif state == PENDING and now - record["created_at"] > self.config.pending_timeout:
         reason = f"not ready within pending_timeout {self.config.pending_timeout:g} s"
-      elif record.get("heartbeat_timeout") and now - record["last_heartbeat"] > record["heartbeat_timeout"]:
+      elif (state == READY and record.get("heartbeat_timeout")
+            and now - record["last_heartbeat"] > record["heartbeat_timeout"]):
         reason = f"no heartbeat for {record['heartbeat_timeout']:g} s"
       elif state == DELETING:
         reason = "retrying an unfinished delete"

@@ -13,7 +13,7 @@ import pytest
 
 from orchard_jax.env import LocalBackend, Orchestrator, SandboxClient, ServiceConfig
 
-BACKENDS = ["local"]
+BACKENDS = ["local", "kubernetes"]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -40,9 +40,12 @@ def _make_backend(kind, tmp_path_factory, image_root, stack):
   from tests.env import fake_kube
   from orchard_jax.env.backends.kubernetes import KubernetesBackend, KubernetesConfig
   cluster = stack.enter_context(fake_kube.FakeCluster(str(tmp_path_factory.mktemp("cluster"))))
-  return KubernetesBackend(KubernetesConfig(namespace="orchard-test", agent_image="orchard-agent:test",
-                                            creation_qps=50.0),
-                           api_client=cluster.api_client())
+  backend = KubernetesBackend(
+      KubernetesConfig(namespace="orchard-test", agent_image="orchard-agent:test",
+                       creation_qps=50.0, node_pids_limit=fake_kube.NODE_PIDS_LIMIT),
+      api_client=cluster.api_client())
+  backend.cluster = cluster
+  return backend
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -63,7 +66,7 @@ def client(service):
 
 @pytest.fixture
 def box(client):
-  with client.create_sandbox(memory="512Mi", pids=256) as b:
+  with client.create_sandbox(memory="1Gi", pids=256) as b:
     yield b
 
 

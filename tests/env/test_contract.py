@@ -234,8 +234,9 @@ def test_network_blocked_unless_allowed(client, service):
 
 
 # ---------------------------------------------------------------------------- limits
-def test_fork_bomb_is_contained(client):
-  with client.create_sandbox(pids=64) as box:
+def test_fork_bomb_is_contained(client, service):
+  pids = 64 if service.backend_kind == "local" else 256   # kubernetes: the node's pod limit
+  with client.create_sandbox(pids=pids) as box:
     result = box.exec("bomb() { bomb | bomb & }; bomb", timeout=3)
     assert result.status in ("timed_out", "finished")
     assert client.health()["status"] == "ok"
@@ -260,8 +261,8 @@ def test_disk_limit(client):
 
 # ---------------------------------------------------------------------------- reaping
 def test_ttl_and_heartbeat_expiry_reap(client):
-  ttl = client.create_sandbox(timeout=0.5)
-  quiet = client.create_sandbox(heartbeat_timeout=0.8)
+  ttl = client.create_sandbox(timeout=0.5, wait=False)   # the TTL counts from creation
+  quiet = client.create_sandbox(heartbeat_timeout=0.8)   # silence counts from readiness
   kept = client.create_sandbox(heartbeat_timeout=0.8)
   deadline = time.monotonic() + 3
   while time.monotonic() < deadline:

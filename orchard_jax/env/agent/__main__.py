@@ -1,0 +1,50 @@
+"""`orchard-agent --host $(POD_IP) --port 7777`: serve the agent API inside a sandbox pod.
+
+Also listens on a unix socket when $ORCHARD_AGENT_UNIX_SOCKET is set (used where the pod's
+network is reached through a socket file, as the test cluster does).
+"""
+import argparse
+import asyncio
+import os
+import socket
+
+import uvicorn
+
+from orchard_jax.env.agent.server import TOKEN_ENV, build_app
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="orchard-agent")
+  parser.add_argument("--host", default="0.0.0.0")
+  parser.add_argument("--port", type=int, default=7777)
+  parser.add_argument("--workdir", default=os.environ.get("ORCHARD_WORKDIR", "/"))
+  args = parser.parse_args(argv)
+  token = os.environ.get(TOKEN_ENV)
+  if not token:
+    raise SystemExit(f"${TOKEN_ENV} is not set; the agent refuses to run without a token")
+  os.environ.pop(TOKEN_ENV)
+  sockets = []
+  tcp = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+  tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  tcp.bind((args.host, args.port))
+  sockets.append(tcp)
+  unix_path = os.environ.pop("ORCHARD_AGENT_UNIX_SOCKET", None)
+  if unix_path:
+    if os.path.exists(unix_path):
+      os.unlink(unix_path)
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind(unix_path)
+    os.chmod(unix_path, 0o666)
+    sockets.append(unix)
+  config = uvicorn.Config(build_app(token, args.workdir), log_level="warning",
+                          ws_ping_interval=None)
+  server = uvicorn.Server(config)
+  try:
+    import uvloop
+    uvloop.run(server.serve(sockets=sockets))
+  except ImportError:
+    asyncio.run(server.serve(sockets=sockets))
+
+
+if __name__ == "__main__":
+  main()

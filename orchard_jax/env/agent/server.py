@@ -1,0 +1,256 @@
+"""The agent's HTTP API (FastAPI), served inside a sandbox pod.
+
+| method and path | what |
+| --- | --- |
+| GET /health | liveness/readiness (no token) |
+| POST /jobs | start a command (body: jobs.JobSpec fields; stdin as stdin_b64) -> {"id"} |
+| POST /jobs/{id}/wait?timeout=s | the job's result, or {"status": "running"} after timeout |
+| POST /jobs/{id}/cancel | kill the job's process tree |
+| GET /files?path= / PUT /files?path=&mode= / GET /files/list?path= | files, binary safe |
+| GET /stats | memory and process count of the container |
+
+Every route but /health needs `Authorization: Bearer <token>` with the token from
+$ORCHARD_AGENT_TOKEN (removed from the environment commands see).
+"""
+import asyncio
+import base64
+import dataclasses
+import hmac
+import os
+import secrets
+import signal
+import stat
+import subprocess
+import time
+from typing import Optional
+
+import fastapi
+from fastapi import responses
+
+from orchard_jax.env import jobs as _jobs
+
+TOKEN_ENV = "ORCHARD_AGENT_TOKEN"
+
+
+class _Child:
+  """A command started by the agent, watched through a pidfd (no asyncio child watcher, so the
+  agent can also reap orphans when it is the container's pid 1)."""
+
+  def __init__(self, popen: subprocess.Popen):
+    self.popen = popen
+    self.pid = popen.pid
+    self.done = asyncio.Event()
+    self.returncode = None
+    loop = asyncio.get_running_loop()
+    self._pidfd = os.pidfd_open(self.pid)
+    loop.add_reader(self._pidfd, self._on_exit)
+
+  def _on_exit(self):
+    loop = asyncio.get_running_loop()
+    loop.remove_reader(self._pidfd)
+    os.close(self._pidfd)
+    try:
+      _, status = os.waitpid(self.pid, 0)
+      self.returncode = status
+    except ChildProcessError:
+      self.returncode = None
+    self.done.set()
+
+  async def wait(self):
+    await self.done.wait()
+    status = self.returncode
+    if status is None:
+      return None, None, "the command's exit status was lost"
+    if os.WIFSIGNALED(status):
+      return None, os.WTERMSIG(status), None
+    return os.waitstatus_to_exitcode(status), None, None
+
+  async def kill_tree(self):
+    _jobs.kill_process_tree(self.pid)
+
+
+def _reap_orphans():
+  """As pid 1, collect exited processes that are not ours (daemons left by commands)."""
+  while True:
+    try:
+      info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+      return
+    if info is None:
+      return
+    if info.si_pid in _OURS:
+      return   # ours: its pidfd reader collects it
+    try:
+      os.waitpid(info.si_pid, os.WNOHANG)
+    except ChildProcessError:
+      pass
+
+
+_OURS = set()
+
+
+def build_app(token: str, workdir: str = "/") -> fastapi.FastAPI:
+  app = fastapi.FastAPI(title="Orchard Env agent")
+  running = {}    # job id -> asyncio.Task[JobResult]
+  cancels = {}
+  base_env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+
+  async def auth(authorization: Optional[str] = fastapi.Header(None)):
+    if not authorization or not hmac.compare_digest(authorization.encode(),
+                                                    f"Bearer {token}".encode()):
+      raise fastapi.HTTPException(401, "missing or wrong agent token")
+
+  @app.get("/health")
+  async def health():
+    return {"status": "ok", "pid": os.getpid()}
+
+  router = fastapi.APIRouter(dependencies=[fastapi.Depends(auth)])
+
+  async def _run(spec: _jobs.JobSpec, cancel: asyncio.Event) -> _jobs.JobResult:
+    started = time.monotonic()
+    argv = spec.argv
+    if isinstance(spec.command, str):
+      shell = spec.shell or ("/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh")
+      argv = [shell, "-c", spec.command]
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = (None, out_w) if spec.merge_stderr else os.pipe2(os.O_CLOEXEC)
+    stdin = subprocess.PIPE if spec.stdin is not None else subprocess.DEVNULL
+    env = dict(base_env)
+    env.update(spec.env)
+    try:
+      popen = subprocess.Popen(argv, stdin=stdin, stdout=out_w, stderr=err_w,
+                               cwd=spec.cwd or workdir, env=env, start_new_session=True)
+    except OSError as e:
+      for fd in {out_r, out_w, err_r, err_w} - {None}:
+        os.close(fd)
+      cwd = spec.cwd or workdir
+      what = (f"working directory {cwd!r} is not usable in the sandbox" if not os.path.isdir(cwd)
+              else f"cannot start {argv[0]!r}: {e.strerror}")
+      return _jobs.JobResult(status=_jobs.FAILED, error=what)
+    for fd in {out_w, err_w}:
+      os.close(fd)
+    _OURS.add(popen.pid)
+    if spec.stdin is not None:
+      asyncio.ensure_future(_feed(popen, spec.stdin))
+    try:
+      return await _jobs.collect(_Child(popen), out_r, err_r, spec, cancel_event=cancel,
+                                 started=started)
+    finally:
+      _OURS.discard(popen.pid)
+
+  @router.post("/jobs")
+  async def start_job(body: dict):
+    stdin = body.pop("stdin_b64", None)
+    spec = _jobs.JobSpec(**body)
+    if stdin is not None:
+      spec.stdin = base64.b64decode(stdin)
+    job_id = "ajob-" + secrets.token_hex(8)
+    cancels[job_id] = asyncio.Event()
+    running[job_id] = asyncio.ensure_future(_run(spec, cancels[job_id]))
+    return {"id": job_id}
+
+  @router.post("/jobs/{job_id}/wait")
+  async def wait_job(job_id: str, timeout: float = 60):
+    task = running.get(job_id)
+    if task is None:
+      raise fastapi.HTTPException(404, f"job {job_id} not found")
+    try:
+      result = await asyncio.wait_for(asyncio.shield(task), timeout)
+    except asyncio.TimeoutError:
+      return {"status": _jobs.RUNNING}
+    out = dataclasses.asdict(result)
+    out["stdout"] = base64.b64encode(result.stdout).decode()
+    out["stderr"] = base64.b64encode(result.stderr).decode()
+    return out
+
+  @router.post("/jobs/{job_id}/cancel")
+  async def cancel_job(job_id: str):
+    if job_id not in cancels:
+      raise fastapi.HTTPException(404, f"job {job_id} not found")
+    cancels[job_id].set()
+    return {"cancelled": True}
+
+  @router.get("/files")
+  async def read_file(path: str):
+    try:
+      with open(path, "rb") as f:
+        return responses.Response(f.read(), media_type="application/octet-stream")
+    except FileNotFoundError:
+      raise fastapi.HTTPException(404, f"{path} does not exist") from None
+    except OSError as e:
+      raise fastapi.HTTPException(422, f"{path}: {e.strerror}") from None
+
+  @router.put("/files")
+  async def write_file(path: str, request: fastapi.Request, mode: str = "644"):
+    data = await request.body()
+    try:
+      os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+      tmp = f"{path}.orchard-upload-{secrets.token_hex(4)}"
+      fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, int(mode, 8))
+      with os.fdopen(fd, "wb") as f:
+        f.write(data)
+      os.chmod(tmp, int(mode, 8))
+      os.rename(tmp, path)
+    except OSError as e:
+      raise fastapi.HTTPException(422, f"{path}: {e.strerror}") from None
+    return {"path": path, "size": len(data)}
+
+  @router.get("/files/list")
+  async def list_files(path: str):
+    try:
+      st = os.lstat(path)
+      if stat.S_ISDIR(st.st_mode):
+        with os.scandir(path) as it:
+          entries = [_describe(e.path, e.name, e.stat(follow_symlinks=False)) for e in it]
+      else:
+        entries = [_describe(path, os.path.basename(path), st)]
+    except FileNotFoundError:
+      raise fastapi.HTTPException(404, f"{path} does not exist") from None
+    except OSError as e:
+      raise fastapi.HTTPException(422, f"{path}: {e.strerror}") from None
+    return {"entries": sorted(entries, key=lambda e: e["name"])}
+
+  @router.get("/stats")
+  async def stats():
+    out = {}
+    for name, key in (("/sys/fs/cgroup/memory.current", "memory_bytes"),
+                      ("/sys/fs/cgroup/memory/memory.usage_in_bytes", "memory_bytes"),
+                      ("/sys/fs/cgroup/pids.current", "pids"),
+                      ("/sys/fs/cgroup/pids/pids.current", "pids")):
+      try:
+        with open(name) as f:
+          out.setdefault(key, int(f.read().split()[0]))
+      except (OSError, ValueError):
+        pass
+    return out
+
+  app.include_router(router)
+  if os.getpid() == 1:
+    signal.signal(signal.SIGCHLD, lambda *_: _reap_orphans())
+  return app
+
+
+async def _feed(popen, data):
+  loop = asyncio.get_running_loop()
+  try:
+    await loop.run_in_executor(None, popen.stdin.write, data)
+  except (BrokenPipeError, OSError):
+    pass
+  finally:
+    try:
+      popen.stdin.close()
+    except OSError:
+      pass
+
+
+def _describe(path, name, st):
+  kind = ("directory" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode)
+          else "symlink" if stat.S_ISLNK(st.st_mode) else "other")
+  entry = {"name": name, "path": path, "type": kind, "size": st.st_size,
+           "mode": stat.S_IMODE(st.st_mode), "mtime": st.st_mtime}
+  if kind == "symlink":
+    try:
+      entry["target"] = os.readlink(path)
+    except OSError:
+      pass
+  return entry
