@@ -243,8 +243,11 @@ class SandboxManager:
     """Waits until the sandbox is ready (returns it), failed (raises), or timeout (returns it
     still pending)."""
     deadline = time.monotonic() + timeout
+    record = await self.get(sandbox_id)
     while True:
-      record = await self.get(sandbox_id)
+      if record["state"] == DELETED:
+        raise SandboxFailed(f"sandbox {sandbox_id!r} was deleted before it was ready: "
+                            f"{record['reason']}", details={"reason": record["reason"]})
       if record["state"] == READY:
         return public_sandbox(record)
       if record["state"] == FAILED:
@@ -263,6 +266,9 @@ class SandboxManager:
           await asyncio.sleep(min(0.05, left))
       except asyncio.TimeoutError:
         pass
+      record = await self.store.get(_store.SANDBOX, sandbox_id)
+      if record is None:
+        raise SandboxNotFound(f"sandbox {sandbox_id!r} not found")
 
   async def list(self, labels: Optional[dict] = None, include_deleted: bool = False) -> list:
     out = []

@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(config, items):
     raise pytest.UsageError("the env tests need bubblewrap: sudo apt-get install -y bubblewrap")
 
 
-def test_config(**overrides) -> ServiceConfig:
+def make_config(**overrides) -> ServiceConfig:
   values = dict(reap_interval=0.2, default_exec_timeout=120.0, pending_timeout=30.0,
                 tombstone_ttl=60.0)
   values.update(overrides)
@@ -53,7 +53,7 @@ def service(request, tmp_path_factory, image_root):
   import contextlib
   with contextlib.ExitStack() as stack:
     backend = _make_backend(request.param, tmp_path_factory, image_root, stack)
-    svc = stack.enter_context(Orchestrator(backend, config=test_config()))
+    svc = stack.enter_context(Orchestrator(backend, config=make_config()))
     svc.backend_kind = request.param
     yield svc
 

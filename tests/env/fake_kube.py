@@ -84,6 +84,7 @@ class FakeCluster:
     self.changed = None
     self.running = {}         # pod name -> _Pod
     self.fail_list = False
+    self.added_times = []     # time.monotonic() of each pod creation
     self.ips = itertools.count(2)
     self.agent_image_dir = os.path.join(folder, "agent-image")
     build_bundle(self.agent_image_dir, python=sys.executable)
@@ -160,6 +161,7 @@ class FakeCluster:
       if name in self.objects["pods"]:
         return _status("AlreadyExists", f'pods "{name}" already exists', 409)
       n = next(self.ips)
+      self.added_times.append(time.monotonic())
       pod["metadata"].update(namespace=namespace, uid=f"uid-{n}", creationTimestamp=_now())
       pod["status"] = {"phase": "Pending", "podIP": f"127.0.{n // 250}.{n % 250 + 2}",
                        "conditions": [{"type": "Ready", "status": "False"}]}

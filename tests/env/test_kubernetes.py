@@ -1,0 +1,143 @@
+"""The Kubernetes backend's own duties: valid manifests, reconcile, pending timeout, throttling.
+
+No Kubernetes cluster can run here: these tests use the fake API server and kubelet of
+tests/env/fake_kube.py (written for the tests). Manifests are checked against the Kubernetes
+JSON schemas with kubernetes-validate, the same check the fake API server applies to every
+object the backend creates.
+"""
+import time
+
+import kubernetes_validate
+import pytest
+
+from orchard_jax import env as orchard_env
+from orchard_jax.env import store as env_store
+from orchard_jax.env.backends import k8s_manifests as m
+from orchard_jax.env.backends.kubernetes import KubernetesBackend, KubernetesConfig
+from tests.env import fake_kube
+from tests.env.conftest import make_config
+
+K8S_VERSION = fake_kube.K8S_VERSION
+
+
+def _config(**overrides):
+  values = dict(namespace="orchard-test", agent_image="orchard-agent:test", creation_qps=50.0,
+                node_pids_limit=fake_kube.NODE_PIDS_LIMIT)
+  values.update(overrides)
+  return KubernetesConfig(**values)
+
+
+@pytest.mark.parametrize("config", [
+    KubernetesConfig(),
+    KubernetesConfig(node_selector={"orchard.dev/pool": "sandboxes"},
+                     tolerations=[{"key": "sandboxes", "operator": "Exists", "effect": "NoSchedule"}],
+                     run_as_user=1000, service_account="sandbox",
+                     orchestrator_selector={"app.kubernetes.io/name": "orchard-env"})])
+@pytest.mark.parametrize("limits", [{}, {"cpu": 1.5, "memory": 512 << 20, "disk": 2 << 30}])
+def test_every_manifest_validates_against_the_kubernetes_schemas(config, limits):
+  pod = m.render_pod("sbx-0123456789ab", image="python:3.11-slim", token="secret", config=config,
+                     env={"A": "1"}, labels={"team": "rl", "not a label": "x"}, network=True,
+                     **limits)
+  for obj in (pod, m.render_deny_egress_policy(config),
+              m.render_allow_egress_policy("sbx-0123456789ab", config)):
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+  spec = pod["spec"]
+  assert spec["automountServiceAccountToken"] is False
+  assert spec["initContainers"][0]["image"] == config.agent_image
+  container = spec["containers"][0]
+  assert container["command"] == ["/orchard/bin/orchard-agent"]
+  if limits:
+    assert container["resources"]["limits"] == {"cpu": "1500m", "memory": str(512 << 20),
+                                                "ephemeral-storage": str(2 << 30)}
+    assert spec["volumes"][1]["emptyDir"]["sizeLimit"] == str(2 << 30)
+  assert spec.get("nodeSelector", {}) == config.node_selector
+  assert pod["metadata"]["labels"]["orchard.dev/team"] == "rl"
+
+
+def test_invalid_manifest_is_rejected_by_the_schema_check():
+  pod = m.render_pod("sbx-0123456789ab", image="x", token="t", config=KubernetesConfig())
+  pod["spec"]["containers"][0]["ports"][0]["containerPort"] = "seven"
+  with pytest.raises(kubernetes_validate.ValidationError):
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+
+
+def test_deny_egress_policy_and_per_sandbox_exception(tmp_path):
+  with fake_kube.FakeCluster(str(tmp_path)) as cluster:
+    backend = KubernetesBackend(_config(), api_client=cluster.api_client())
+    with orchard_env.Orchestrator(backend, config=make_config()) as service, \
+         orchard_env.SandboxClient(service.url, service.api_key) as client:
+      assert m.DENY_EGRESS_POLICY in cluster.objects["networkpolicies"]
+      with client.create_sandbox(network=True) as box:
+        assert m.pod_name(box.id) + "-egress" in cluster.objects["networkpolicies"]
+      assert m.pod_name(box.id) + "-egress" not in cluster.objects["networkpolicies"]
+      assert m.pod_name(box.id) not in cluster.objects["pods"]
+
+
+def test_reconcile_deletes_orphans_drops_ghosts_and_skips_when_listing_fails(tmp_path):
+  with fake_kube.FakeCluster(str(tmp_path)) as cluster:
+    api = cluster.api_client()
+    from kubernetes import client as k8s
+    core = k8s.CoreV1Api(api)
+    orphan = m.render_pod("sbx-00000orphan", image="python:3.11-slim", token="t",
+                          config=_config())
+    core.create_namespaced_pod("orchard-test", orphan)
+    store = env_store.MemoryStore()
+    ghost = {"id": "sbx-00000000ghost", "state": "ready", "created_at": time.time(),
+             "expires_at": time.time() + 600, "timeout": 600, "ref": {"pod": "x"}}
+
+    # 1. The listing fails: nothing is touched.
+    cluster.fail_list = True
+    backend = KubernetesBackend(_config(), api_client=api)
+    with orchard_env.Orchestrator(backend, store=store, config=make_config()) as service:
+      service_call = service.call
+      service_call(store.put(env_store.SANDBOX, ghost["id"], ghost))
+      report = service_call(service.manager.reconcile())
+      assert report["skipped"] is True
+      assert orphan["metadata"]["name"] in cluster.objects["pods"]
+      assert service_call(store.get(env_store.SANDBOX, ghost["id"]))["state"] == "ready"
+      cluster.fail_list = False
+      # 2. The listing works: the orphan pod goes, the ghost record is dropped with a reason.
+      report = service_call(service.manager.reconcile())
+      assert report["orphans_deleted"] == [orphan["metadata"]["labels"][m.LABEL_SANDBOX]]
+      assert report["records_dropped"] == [ghost["id"]]
+      assert orphan["metadata"]["name"] not in cluster.objects["pods"]
+      with orchard_env.SandboxClient(service.url, service.api_key) as client:
+        with pytest.raises(orchard_env.SandboxNotFound, match="lost"):
+          client.sandbox(ghost["id"])
+
+
+def test_pending_timeout_deletes_a_pod_that_never_becomes_ready(tmp_path):
+  with fake_kube.FakeCluster(str(tmp_path)) as cluster:
+    backend = KubernetesBackend(_config(), api_client=cluster.api_client())
+    with orchard_env.Orchestrator(backend, config=make_config(pending_timeout=1.0)) as service, \
+         orchard_env.SandboxClient(service.url, service.api_key) as client:
+      started = time.monotonic()
+      with pytest.raises(orchard_env.SandboxFailed, match="pending_timeout"):
+        client.create_sandbox(image=fake_kube.NEVER_READY_IMAGE)
+      assert time.monotonic() - started < 10
+      assert not any(name.startswith("orchard-sbx") for name in cluster.objects["pods"])
+
+
+def test_creation_is_throttled(tmp_path):
+  with fake_kube.FakeCluster(str(tmp_path)) as cluster:
+    backend = KubernetesBackend(_config(creation_qps=4.0), api_client=cluster.api_client())
+    with orchard_env.Orchestrator(backend, config=make_config()) as service, \
+         orchard_env.SandboxClient(service.url, service.api_key) as client:
+      boxes = [client.create_sandbox(image=fake_kube.NEVER_READY_IMAGE, wait=False)
+               for _ in range(5)]
+      deadline = time.monotonic() + 10
+      while len(cluster.objects["pods"]) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+      assert len(cluster.added_times) == 5
+      # five creations at 4 per second take at least one second
+      assert cluster.added_times[-1] - cluster.added_times[0] >= 0.9
+      for box in boxes:
+        box.delete()
+
+
+def test_pids_limit_must_be_enforceable(tmp_path):
+  backend = KubernetesBackend(_config(node_pids_limit=None))
+  with pytest.raises(orchard_env.LimitNotEnforceable, match="podPidsLimit"):
+    backend.validate(orchard_env.SandboxSpec(image="python:3.11-slim", pids=100))
+  with pytest.raises(orchard_env.ImageError, match="container images"):
+    backend.validate(orchard_env.SandboxSpec(image="/some/image/dir"))
