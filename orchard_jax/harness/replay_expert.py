@@ -164,13 +164,16 @@ def slice_tests(source: str, tests: Sequence[str]) -> str:
   def is_test(name):
     return name.startswith("test") or name.startswith("Test")
 
-  out = []
+  out = []  # (text, is_import)
   for node in tree.body:
     start, end = span(node)
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+      out.append(("\n".join(lines[start - 1:end]), True))
+      continue
     name = getattr(node, "name", None)
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and is_test(name):
       if name in wanted_funcs:
-        out.append("\n".join(lines[start - 1:end]))
+        out.append(("\n".join(lines[start - 1:end]), False))
       continue
     if isinstance(node, ast.ClassDef) and is_test(name):
       if name not in wanted_methods:
@@ -184,12 +187,17 @@ def slice_tests(source: str, tests: Sequence[str]) -> str:
           continue
         s, e = span(member)
         parts.append("\n".join(lines[s - 1:e]))
-      out.append("\n".join(parts))
+      out.append(("\n".join(parts), False))
       continue
     if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
       continue
-    out.append("\n".join(lines[start - 1:end]))
-  return "\n\n".join(out) + "\n"
+    out.append(("\n".join(lines[start - 1:end]), False))
+  text = ""
+  for i, (chunk, is_import) in enumerate(out):
+    if i:
+      text += "\n" if is_import and out[i - 1][1] else "\n\n\n"
+    text += chunk
+  return text + "\n"
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -288,6 +296,8 @@ def plan_steps(instance, variant: str, *, base_text: dict[str, str], seed: int =
   hunks = _hunks(instance.patch)
   if not hunks:
     raise HarnessError(f"{instance.instance_id}: the gold patch has no hunks")
+  if variant == "partial" and len(hunks) < 2:
+    raise HarnessError(f"{instance.instance_id}: 'partial' needs a gold patch with 2+ hunks")
   first = hunks[0]
   symbol = _symbol(first, instance)
   package_dir = os.path.dirname(first.file) or "."
@@ -351,8 +361,6 @@ def plan_steps(instance, variant: str, *, base_text: dict[str, str], seed: int =
     wrong = _wrong_edit(base_text[first.file], first.file, first, seed)
     if wrong is None:
       raise HarnessError(f"{instance.instance_id}: no plausible wrong edit for {variant!r}")
-  if variant == "partial" and len(hunks) < 2:
-    raise HarnessError(f"{instance.instance_id}: 'partial' needs a gold patch with 2+ hunks")
 
   visible_tests = [t for t in (instance.test_spec.test_files if instance.test_spec else ())]
   run_tests = _Step("test", "Now the existing test suite, to make sure nothing else broke.",

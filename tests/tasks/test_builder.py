@@ -16,13 +16,13 @@ from orchard_jax.tasks.swe.packages import PROFILES
 from orchard_jax.tasks.swe.testbed import setup_script
 
 SETTINGS = BuildSettings(packages=("parse",), instances_per_package=3,
-                         max_candidates_per_package=15, seconds_per_package=90, seed=1)
+                         max_candidates_per_package=15, seconds_per_package=90, seed=1)  # conftest
 
 
 @pytest.fixture(scope="module")
-def task_set():
+def task_set(parse_tasks):
   # Built once into the user's cache folder (keyed by the settings), reused by later runs.
-  return build_task_set(SETTINGS, progress=False)
+  return parse_tasks
 
 
 def _git(repo, *args):
@@ -40,7 +40,7 @@ def test_build_report_counts_every_candidate(task_set):
   report = json.loads(open(os.path.join(os.path.dirname(task_set.path),
                                         "build_report.json")).read())
   assert report["packages"][0]["kept"] == 3
-  again = build_task_set(SETTINGS, output_dir=os.path.dirname(task_set.path), progress=False)
+  again = build_task_set(SETTINGS, progress=False)
   assert again.from_cache and [i.instance_id for i in again.instances] == [
       i.instance_id for i in task_set.instances]
 

@@ -136,7 +136,7 @@ def _evaluate(sandbox, instance, model_patch, result, logs):
       return
   env = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())
   command = (f"cd {shlex.quote(spec.workdir)} && {env + ' ' if env else ''}"
-             f"timeout -k 5 {int(spec.timeout_s)} {spec.command()}")
+             f"timeout -k 5 {max(1, int(spec.timeout_s))} bash -c {shlex.quote(spec.command())}")
   run = sandbox.run(command, timeout_s=spec.timeout_s + 60)
   logs["test_output.txt"] = run.output
   result.test_exit_code = run.exit_code
