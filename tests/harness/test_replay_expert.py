@@ -52,12 +52,28 @@ def test_variants_replay_to_their_expected_outcome(env_client, instance, tmp_pat
     assert trajectory.metadata["expert"]["variant"] == variant
 
 
-def test_partial_needs_two_hunks(instance):
+def test_plans_per_variant(instance):
+  import subprocess
   from orchard_jax.harness.errors import HarnessError
+  from orchard_jax.harness.replay_expert import _hunks
+  repo = instance.test_spec.image + "/repo"
+  files = sorted({h.file for h in _hunks(instance.patch)})
+  base_text = {f: subprocess.run(["git", "show", f"{instance.base_commit}:{f}"], cwd=repo,
+                                 capture_output=True, text=True, check=True).stdout
+               for f in files}
+  hunks = _hunks(instance.patch)
+  gold = plan_steps(instance, "gold", base_text=base_text)
+  assert [s.kind for s in gold].count("edit") == len(hunks)
+  assert [s.kind for s in gold][-1] == "submit"
+  if len(hunks) >= 2:
+    partial = plan_steps(instance, "partial", base_text=base_text)
+    assert [s.kind for s in partial].count("edit") == 1
+  one_hunk = instance.replace(patch=instance.patch.split("\n@@", 2)[0] + "\n@@"
+                              + instance.patch.split("\n@@", 2)[1])
   with pytest.raises(HarnessError, match="2\\+ hunks"):
-    plan_steps(instance, "partial", base_text={})
+    plan_steps(one_hunk, "partial", base_text=base_text)
   with pytest.raises(HarnessError, match="unknown expert variant"):
-    plan_steps(instance, "magic", base_text={})
+    plan_steps(instance, "magic", base_text=base_text)
 
 
 def test_slice_keeps_setup_and_only_the_named_tests():
