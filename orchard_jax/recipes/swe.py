@@ -46,8 +46,11 @@ def load_task_set(tasks: ConfigDict, *, progress: bool = True) -> list[SWEInstan
   if tasks.dataset:
     instances = load_instances(tasks.dataset)
   else:
-    instances = builder.build_task_set(build_settings(tasks), output_dir=tasks.output_dir or None,
-                                       rebuild=bool(tasks.rebuild), progress=progress).instances
+    task_set = builder.build_task_set(build_settings(tasks), output_dir=tasks.output_dir or None,
+                                      rebuild=bool(tasks.rebuild), progress=progress)
+    if not task_set.from_cache:
+      print(task_set.summary(), flush=True)
+    instances = task_set.instances
   return instances[:tasks.limit] if tasks.get("limit", 0) else instances
 
 
@@ -101,6 +104,7 @@ def evaluate_patches(instances: Sequence[SWEInstance], predictions: Mapping[str,
 
 def evaluate(config: ConfigDict) -> evaluation.EvalSummary:
   """Job "swe.evaluate": grades config.predictions on the task set; prints the summary."""
+  logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per sandbox call otherwise
   instances = load_task_set(config.tasks, progress=bool(config.get("progress", True)))
   predictions = evaluation.load_predictions(config.predictions, instances)
   name = config.run_id or os.path.splitext(os.path.basename(config.predictions))[0]
