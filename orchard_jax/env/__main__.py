@@ -28,6 +28,9 @@ def _parser():
   serve.add_argument("--log-level", default="info")
   serve.add_argument("--config-json", default="{}",
                      help='ServiceConfig overrides as JSON, e.g. \'{"default_timeout": 600}\'')
+  serve.add_argument("--store", default="memory",
+                     help='where records live: "memory" (one replica) or a Redis URL '
+                          '(redis://HOST:6379/0) shared by several replicas')
   local = serve.add_argument_group("local backend")
   local.add_argument("--state-dir", default=None)
   local.add_argument("--image-root", action="append", default=None,
@@ -39,6 +42,9 @@ def _parser():
   k8s.add_argument("--agent-image", default=None)
   k8s.add_argument("--kubeconfig", default=None)
   k8s.add_argument("--in-cluster", action="store_true")
+  k8s.add_argument("--kubernetes-config-json", default="{}",
+                   help='KubernetesConfig overrides as JSON, e.g. \'{"creation_qps": 50, '
+                        '"node_selector": {"pool": "sandboxes"}}\'')
   return parser
 
 
@@ -48,10 +54,19 @@ def _backend(args):
     return LocalBackend(state_dir=args.state_dir, image_roots=args.image_root,
                         strict_limits=not args.no_strict_limits)
   from orchard_jax.env.backends.kubernetes import KubernetesBackend, KubernetesConfig
-  config = KubernetesConfig(namespace=args.namespace)
+  config = KubernetesConfig(namespace=args.namespace, **json.loads(args.kubernetes_config_json))
   if args.agent_image:
     config.agent_image = args.agent_image
   return KubernetesBackend(config, kubeconfig=args.kubeconfig, in_cluster=args.in_cluster)
+
+
+def _store(url):
+  if url == "memory":
+    return None
+  if url.startswith(("redis://", "rediss://", "unix://")):
+    from orchard_jax.env.state_redis import RedisStore
+    return RedisStore(url)
+  raise SystemExit(f"--store is {url!r}; expected 'memory' or a Redis URL (redis://HOST:PORT/DB)")
 
 
 def main(argv=None):
@@ -63,7 +78,8 @@ def main(argv=None):
     print(f"No API key configured; generated one for this run: {keys[0]}", flush=True)
   config = ServiceConfig(**json.loads(args.config_json))
   service = Orchestrator(_backend(args), api_keys=keys, host=args.host, port=args.port,
-                         config=config, public_url=args.public_url, log_level=args.log_level)
+                         config=config, public_url=args.public_url, log_level=args.log_level,
+                         store=_store(args.store))
   uv_config = uvicorn.Config(service.build(), host=args.host, port=args.port,
                              log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=5,
                              ws_ping_interval=None)

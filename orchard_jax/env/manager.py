@@ -110,7 +110,8 @@ class SandboxManager:
   async def stop(self) -> None:
     if self._reaper is not None:
       self._reaper.cancel()
-    for record in await self.store.list(_store.SANDBOX):
+    # With a shared store the other replicas keep serving these sandboxes.
+    for record in [] if self.store.shared else await self.store.list(_store.SANDBOX):
       if record["state"] != DELETED:
         try:
           await self.delete(record["id"], reason="service stopped")
@@ -119,6 +120,7 @@ class SandboxManager:
     for task in list(self._tasks):
       task.cancel()
     await self.backend.stop()
+    await self.store.close()
 
   def _spawn(self, coro):
     task = asyncio.ensure_future(coro)

@@ -62,6 +62,8 @@ class RedisStore(Store):
     client: an existing `redis.asyncio.Redis` (the store then does not close it).
   """
 
+  shared = True       # a stopping replica leaves the sandboxes to the others
+
   def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, prefix: str = "orchard-env",
                lock_ttl: float = 30.0, lock_wait: Optional[float] = 600.0, client=None):
     import redis.asyncio

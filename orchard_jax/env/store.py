@@ -18,7 +18,12 @@ KINDS = (SANDBOX, JOB, EXPOSURE)
 
 class Store(abc.ABC):
   """Records by kind ("sandbox", "job", "exposure") and id. All methods are coroutines so a
-  networked store fits the same interface."""
+  networked store fits the same interface.
+
+  `shared` is True for a store several orchestrator replicas use at once (RedisStore): a
+  replica that stops then leaves the sandboxes to the others instead of deleting them."""
+
+  shared = False
 
   @abc.abstractmethod
   async def put(self, kind: str, record_id: str, record: dict) -> None:
