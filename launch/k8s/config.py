@@ -61,11 +61,15 @@ def _env_config(preset: str) -> ml_collections.ConfigDict:
       memory="4Gi" if cluster else "1Gi",
       cpu_limit="4" if cluster else "2",
       memory_limit="8Gi" if cluster else "2Gi",
-      # Sandbox pods (created by the orchestrator's Kubernetes backend).
+      # Sandbox pods (created by the orchestrator's Kubernetes backend). Their init container
+      # copies the in-sandbox agent from agent_image (orchard_jax/env/agent/Dockerfile).
+      agent_image="orchard-agent:latest",
+      default_sandbox_image="python:3.11-slim",  # the container image of image "host"
       sandbox_node_selector={},             # e.g. {"orchard.dev/pool": "sandboxes"}
       sandbox_tolerations=(),               # e.g. ({"key": "sandbox", "operator": "Exists"},)
       max_sandboxes=2000 if cluster else 64,
       creation_qps=50.0 if cluster else 5.0,  # pod creations per second (throttle)
+      max_concurrent_creates=128 if cluster else 16,
       extra_args=(),
   ))
 

@@ -6,6 +6,8 @@ creates one pod per sandbox in `config.sandbox_namespace` and talks to the agent
 pod directly. Several replicas share sandbox and job records through Redis, so any replica can
 serve any sandbox (orchard_jax/env/state_redis.py).
 """
+import json
+
 from launch.k8s import common
 
 COMPONENT = "orchard-env"
@@ -92,22 +94,32 @@ def env_url(config) -> str:
 
 
 def _orchestrator_args(config) -> list[str]:
+  """`python -m orchard_jax.env serve` with the Kubernetes backend, as orchard_jax/env's
+  command line spells it (orchard_jax/env/__main__.py)."""
   env = config.env
+  backend = {
+      "agent_image": env.agent_image,
+      "default_image": env.default_sandbox_image,
+      "creation_qps": float(env.creation_qps),
+      "max_concurrent_creates": int(env.max_concurrent_creates),
+      # The backend's own deny-egress policy then also admits only the orchestrator's pods.
+      "orchestrator_selector": common.selector_labels(config, env.name),
+  }
+  if env.sandbox_node_selector:
+    backend["node_selector"] = {str(k): str(v) for k, v in dict(env.sandbox_node_selector).items()}
+  if env.sandbox_tolerations:
+    backend["tolerations"] = [dict(t) for t in env.sandbox_tolerations]
+  service = {"max_sandboxes": int(env.max_sandboxes)}
   args = ["python", "-m", "orchard_jax.env", "serve",
-          "--backend", "kubernetes",
+          "--backend", "kubernetes", "--in-cluster",
           "--host", "0.0.0.0",
           "--port", str(env.port),
-          "--api-key-file", "/etc/orchard-env/" + API_KEY_FIELD,
-          "--k8s-namespace", config.sandbox_namespace,
-          "--k8s-agent-image", config.image,
-          "--max-sandboxes", str(env.max_sandboxes),
-          "--k8s-creation-qps", str(env.creation_qps)]
-  if env.store == "redis":
-    args += ["--store", redis_url(config)]
-  for key, value in dict(env.sandbox_node_selector).items():
-    args += ["--k8s-node-selector", f"{key}={value}"]
-  for toleration in env.sandbox_tolerations:
-    args += ["--k8s-toleration", ",".join(f"{k}={v}" for k, v in dict(toleration).items())]
+          "--api-keys-file", "/etc/orchard-env/" + API_KEY_FIELD,
+          "--public-url", env_url(config),
+          "--namespace", config.sandbox_namespace,
+          "--store", redis_url(config) if env.store == "redis" else "memory",
+          "--config-json", json.dumps(service, sort_keys=True),
+          "--kubernetes-config-json", json.dumps(backend, sort_keys=True)]
   return args + [str(a) for a in env.extra_args]
 
 
@@ -125,7 +137,10 @@ def orchestrator_deployment(config) -> dict:
     raise common.FleetError(
         f"env.replicas is {env.replicas} with env.store 'memory'; several replicas must share "
         "records: set --config.env.store=redis")
+  # Readiness and start-up ask the service (which reads the store); liveness only asks the
+  # process, so a Redis outage takes replicas out of the Service without restarting them.
   probe = {"httpGet": {"path": "/health", "port": "http"}}
+  alive = {"tcpSocket": {"port": "http"}}
   container = {
       "name": "orchestrator",
       "image": config.image,
@@ -143,7 +158,7 @@ def orchestrator_deployment(config) -> dict:
       "resources": common.resources(env.cpu, env.memory, cpu_limit=env.cpu_limit,
                                     memory_limit=env.memory_limit),
       "readinessProbe": dict(probe, periodSeconds=5, failureThreshold=3),
-      "livenessProbe": dict(probe, periodSeconds=20, failureThreshold=6),
+      "livenessProbe": dict(alive, periodSeconds=20, failureThreshold=6),
       "startupProbe": dict(probe, periodSeconds=2, failureThreshold=60),
       "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
                           "runAsUser": 1000, "capabilities": {"drop": ["ALL"]}},

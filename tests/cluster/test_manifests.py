@@ -258,3 +258,33 @@ def test_weights_job_downloads_into_the_folder_sglang_reads():
   for repo, folder in (("not a repo", "x"), ("Qwen/Qwen3", "../etc"), ("Qwen/Qwen3", "a/b")):
     with pytest.raises(k8s.FleetError, match="expected"):
       k8s.storage.weights_job(config, repo, folder)
+
+
+@pytest.mark.parametrize("preset", fleet_config.PRESETS)
+def test_orchestrator_command_is_one_the_env_service_accepts(preset):
+  """The Deployment's command parses with orchard_jax.env's own command line, and its JSON
+  settings build the env room's ServiceConfig and KubernetesConfig."""
+  import json
+  from orchard_jax.env import __main__ as env_cli
+  from orchard_jax.env.backends.kubernetes import KubernetesConfig
+  from orchard_jax.env.manager import ServiceConfig
+  config = fleet_config.get_config(preset)
+  container = env_service.orchestrator_deployment(config)["spec"]["template"]["spec"][
+      "containers"][0]
+  command = container["command"]
+  assert command[:4] == ["python", "-m", "orchard_jax.env", "serve"]
+  args = env_cli._parser().parse_args(command[3:])
+  assert args.backend == "kubernetes" and args.in_cluster
+  assert args.namespace == config.sandbox_namespace
+  assert args.port == container["ports"][0]["containerPort"]
+  assert args.store == (env_service.redis_url(config) if preset == "cluster" else "memory")
+  mount = container["volumeMounts"][0]["mountPath"]
+  assert args.api_keys_file == f"{mount}/{env_service.API_KEY_FIELD}"
+  service = ServiceConfig(**json.loads(args.config_json))
+  assert service.max_sandboxes == config.env.max_sandboxes
+  backend = KubernetesConfig(**json.loads(args.kubernetes_config_json))
+  assert backend.agent_image == config.env.agent_image
+  assert backend.creation_qps == config.env.creation_qps
+  pod_labels = env_service.orchestrator_deployment(config)["spec"]["template"]["metadata"][
+      "labels"]
+  assert all(pod_labels[k] == v for k, v in backend.orchestrator_selector.items())
