@@ -12,6 +12,7 @@ Reusable pieces for later stages:
   sandbox_factory(client)     -> instance -> context manager yielding a fresh task Sandbox
   evaluate_patches(instances, predictions, client, output_dir, ...) -> EvalSummary
   expert_trajectories(instances, client, variants, ...) -> list of data.Trajectory
+  run_episode(instance, client, base_url, ...) -> data.Trajectory (agent run + grading)
 """
 from __future__ import annotations
 
@@ -154,3 +155,60 @@ def expert_trajectories(instances: Sequence[SWEInstance], client, *,
         write_miniswe_trajectory(trajectory, os.path.join(
             output_dir, variant, instance.instance_id, f"{instance.instance_id}.traj.json"))
   return trajectories
+
+
+# ----------------------------------------------------------------------------- agent episodes
+
+
+def agent_config(agent: ConfigDict, workdir: str = "/testbed"):
+  """harness.AgentConfig from a `common.swe_agent()` ConfigDict."""
+  from orchard_jax.harness import AgentConfig
+  return AgentConfig(step_limit=int(agent.step_limit),
+                     wall_time_limit_s=float(agent.wall_time_limit_s),
+                     max_consecutive_format_errors=int(agent.max_consecutive_format_errors),
+                     command_timeout_s=float(agent.command_timeout_s),
+                     output_limit_chars=int(agent.output_limit_chars), workdir=workdir)
+
+
+def run_episode(instance: SWEInstance, client, base_url: str, *, model: str = "default",
+                config=None, session_id: str | None = None, attempt: int = 0,
+                sampling: Mapping | None = None, evaluate_patch: bool = True,
+                log_dir: str | None = None):
+  """One rollout: the bash agent on `instance` in a fresh sandbox, then grading in another.
+
+  Args:
+    instance: an instance with a test_spec.
+    client: an Orchard Env SandboxClient.
+    base_url: the model's OpenAI-compatible base URL, normally the recording proxy's
+      `http://HOST:PORT/sessions/{session_id}/v1`.
+    model: the `model` field of requests.
+    config: harness.AgentConfig (its workdir is replaced by the instance's).
+    session_id: the proxy session, stored on the trajectory so its model calls can be joined.
+    attempt: attempt number of this instance.
+    sampling: extra ChatModel keywords (temperature, max_tokens, top_p).
+    evaluate_patch: grade the submission (outcome "resolved"/... in `trajectory.outcome`).
+    log_dir: evaluation logs folder.
+
+  Returns:
+    A `data.Trajectory` with the harness messages, exit status, submission and outcome.
+  """
+  from orchard_jax.harness import AgentConfig, BashAgent, ChatModel
+  workdir = instance.test_spec.workdir
+  config = dataclasses.replace(config or AgentConfig(), workdir=workdir)
+  factory = sandbox_factory(client)
+  with factory(instance) as sandbox:
+    ready = sandbox.run(testbed.setup_script(instance, workdir=workdir), timeout_s=300)
+    if ready.exit_code != 0:
+      raise evaluation.EvaluationError(
+          f"{instance.instance_id}: workspace setup failed: {ready.output[-500:]}")
+    with ChatModel(base_url, model, **dict(sampling or {})) as chat:
+      result = BashAgent(chat, sandbox, config).run(instance.problem_statement)
+  trajectory = result.to_trajectory(task_id=instance.instance_id, attempt=attempt,
+                                    session_id=session_id)
+  if evaluate_patch:
+    with factory(instance) as sandbox:
+      graded = evaluation.evaluate_in_sandbox(sandbox, instance, result.submission,
+                                              log_dir=log_dir)
+    trajectory.outcome = {"resolved": graded.resolved, "status": graded.outcome,
+                          **(graded.tests.to_dict() if graded.tests else {})}
+  return trajectory

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -34,8 +35,8 @@ from typing import Callable, Sequence
 from orchard_jax.tasks.errors import BuildError
 from orchard_jax.tasks.swe import log_parsers
 from orchard_jax.tasks.swe.bug_synthesis import CandidateBug, generate_candidates
-from orchard_jax.tasks.swe.environment import (PackageEnvironment, build_environment, cache_dir,
-                                               git)
+from orchard_jax.tasks.swe.environment import (ENV_FORMAT, PackageEnvironment, build_environment,
+                                               cache_dir, git)
 from orchard_jax.tasks.swe.instance import SWEInstance, TestSpec, load_instances, save_instances
 from orchard_jax.tasks.swe.packages import DEFAULT_PACKAGES, PROFILES, PackageProfile
 from orchard_jax.tasks.swe.problem_statement import write_problem_statement
@@ -75,8 +76,8 @@ class BuildSettings:
   python: str = ""
 
   def key(self) -> str:
-    profiles = [PROFILES[p].fingerprint() for p in self.packages]
-    blob = json.dumps([dataclasses.asdict(self), profiles], sort_keys=True).encode()
+    profiles = [PROFILES[p].fingerprint() for p in self.packages if p in PROFILES]
+    blob = json.dumps([dataclasses.asdict(self), profiles, ENV_FORMAT], sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
@@ -251,11 +252,13 @@ def _progress_bar(enabled: bool, name: str, total: int):
 
 
 def _work_trees(env: PackageEnvironment, count: int) -> list[str]:
+  # Exactly the committed tree (what a sandbox's workspace holds), not the folder on disk.
   trees = []
   for _ in range(count):
     tree = tempfile.mkdtemp(prefix=f"orchard_{env.profile.name}_")
-    shutil.rmtree(tree)
-    shutil.copytree(env.repo, tree, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+    archive = subprocess.run(["git", "archive", env.clean_commit], cwd=env.repo,
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
     trees.append(tree)
   return trees
 

@@ -44,7 +44,9 @@ GIT_IDENTITY = {
 }
 COMMIT_MESSAGE = "Initial commit"
 # Files the tests or the agent create that never belong in a patch.
-IGNORED = ("__pycache__/", "*.pyc", ".pytest_cache/", ".hypothesis/", "*.egg-info/", ".coverage")
+IGNORED = ("__pycache__/", "*.pyc", ".pytest_cache/", ".hypothesis/", ".coverage")
+# Bumped whenever the environment layout changes, so cached environments are rebuilt.
+ENV_FORMAT = 2
 _SANDBOX_VISIBLE = ("/usr/", "/opt/")  # the local backend's "host" view shows these
 
 
@@ -179,7 +181,8 @@ def build_environment(profile: PackageProfile, *, root: str | None = None,
   if os.path.exists(record_path):
     with open(record_path) as f:
       record = json.load(f)
-    if record.get("fingerprint") == profile.fingerprint() and os.path.isdir(
+    if record.get("fingerprint") == profile.fingerprint() and record.get(
+        "format") == ENV_FORMAT and os.path.isdir(
         os.path.join(root, "repo", ".git")):
       environment = PackageEnvironment(profile, root, record["clean_commit"])
       _write_manifest(environment)  # cheap, and picks up a newer manifest format
@@ -206,7 +209,8 @@ def build_environment(profile: PackageProfile, *, root: str | None = None,
   environment = PackageEnvironment(profile, root, clean_commit)
   _write_manifest(environment)
   with open(record_path, "w") as f:
-    json.dump({"fingerprint": profile.fingerprint(), "clean_commit": clean_commit,
+    json.dump({"fingerprint": profile.fingerprint(), "format": ENV_FORMAT,
+               "clean_commit": clean_commit,
                "python": base_python, "profile": dataclasses.asdict(profile)}, f, indent=1)
   return environment
 

@@ -140,6 +140,9 @@ def _evaluate(sandbox, instance, model_patch, result, logs):
   run = sandbox.run(command, timeout_s=spec.timeout_s + 60)
   logs["test_output.txt"] = run.output
   result.test_exit_code = run.exit_code
+  if getattr(run, "failed", False):
+    result.error = f"the sandbox failed while the tests ran: {run.output[-300:]}"
+    return
   if run.timed_out or run.exit_code in (124, 137):
     result.outcome = grading.TIMED_OUT
     result.error = f"the tests ran past {spec.timeout_s:.0f} s"
@@ -243,7 +246,7 @@ class EvalSummary:
 
 def evaluate_predictions(instances: Sequence[SWEInstance], predictions: Mapping[str, str], *,
                          sandbox_factory: SandboxFactory, output_dir: str, max_workers: int = 2,
-                         progress: bool = True) -> EvalSummary:
+                         retries: int = 1, progress: bool = True) -> EvalSummary:
   """Evaluates many predictions in parallel, one fresh sandbox per instance.
 
   Args:
@@ -253,6 +256,7 @@ def evaluate_predictions(instances: Sequence[SWEInstance], predictions: Mapping[
       instance's image (e.g. `lambda i: testbed.open_sandbox(client, i.test_spec.image)`).
     output_dir: gets `<instance_id>/` log folders, `results.jsonl` and `summary.json`.
     max_workers: sandboxes evaluated at once.
+    retries: fresh attempts for an instance whose outcome is "error" (a sandbox failure).
     progress: show a progress bar.
 
   Returns:
@@ -262,7 +266,7 @@ def evaluate_predictions(instances: Sequence[SWEInstance], predictions: Mapping[
   chosen = [i for i in instances if i.instance_id in predictions]
   os.makedirs(output_dir, exist_ok=True)
 
-  def one(instance: SWEInstance) -> EvalResult:
+  def attempt(instance: SWEInstance) -> EvalResult:
     log_dir = os.path.join(output_dir, instance.instance_id)
     try:
       with sandbox_factory(instance) as sandbox:
@@ -272,6 +276,14 @@ def evaluate_predictions(instances: Sequence[SWEInstance], predictions: Mapping[
       result = EvalResult(instance.instance_id, grading.ERROR, error=f"{type(e).__name__}: {e}")
       _write_logs(log_dir, predictions[instance.instance_id], {}, result)
       return result
+
+  def one(instance: SWEInstance) -> EvalResult:
+    result = attempt(instance)
+    for _ in range(retries):  # "error" is the sandbox's failure, not the prediction's
+      if result.outcome != grading.ERROR:
+        break
+      result = attempt(instance)
+    return result
 
   results: list[EvalResult] = []
   with concurrent.futures.ThreadPoolExecutor(max(1, max_workers)) as pool, \

@@ -27,10 +27,12 @@ SETUP_FAILED_EXIT = 3
 
 @dataclasses.dataclass
 class CommandResult:
-  """The outcome of one command: exit code (124 = killed at its time limit), combined output."""
+  """The outcome of one command: exit code (124 = killed at its time limit), combined output;
+  `failed` when the sandbox itself failed (the command's result is unknown)."""
   exit_code: int
   output: str
   timed_out: bool = False
+  failed: bool = False
 
 
 class Sandbox(Protocol):
@@ -98,10 +100,11 @@ class EnvSandbox:
     result = self._box.exec(command, timeout=timeout_s, merge_stderr=True)
     timed_out = bool(result.timed_out)
     output = result.stdout + result.stderr
-    if result.status == "failed" and result.error:
-      output += f"\n[sandbox: {result.error}]"
-    code = result.exit_code
-    return CommandResult(124 if timed_out or code is None else int(code), output, timed_out)
+    failed = not timed_out and (result.status != "finished" or result.exit_code is None)
+    if failed:
+      output += f"\n[sandbox: {result.status}: {result.error or 'no exit status'}]"
+    code = 124 if timed_out else (-1 if failed else int(result.exit_code))
+    return CommandResult(code, output, timed_out, failed)
 
   def write_file(self, path: str, data: bytes) -> None:
     self._box.upload(path, data)
