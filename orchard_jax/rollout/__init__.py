@@ -9,3 +9,11 @@ from orchard_jax.rollout.errors import (
 from orchard_jax.rollout.protocol import (
   FinishReason, GenerateRequest, GenerateResponse, MetaInfo, ModelInfo, SamplingParams,
   UpdateWeightsFromDiskRequest, UpdateWeightsFromDiskResponse)
+from orchard_jax.rollout.engine import Engine, EngineConfig
+from orchard_jax.rollout.protocol import SingleGenerateRequest
+from orchard_jax.rollout.runner import ModelRunner
+from orchard_jax.rollout.sampling import SamplingMode, sample_next, truncate_logits
+from orchard_jax.rollout.server import InferenceServer, create_app
+from orchard_jax.rollout.upstream import OpenAIUpstream, SGLangUpstream
+from orchard_jax.rollout.proxy import PromptBuilder, RecordingProxy, message_key
+from orchard_jax.rollout.weights import load_params_from_disk, save_params

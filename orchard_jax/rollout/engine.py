@@ -1,0 +1,669 @@
+"""The embedded inference engine: continuous batching of generation and scoring requests.
+
+A background thread owns the model and one `DecodeCache` whose rows are request slots. Each
+loop iteration it (1) applies pending weight updates, (2) admits queued requests into free
+slots, prefilling their prompts in chunks while running rows wait, and (3) runs `decode_steps`
+decode steps for every running row in one compiled call, then checks stop ids, stop strings
+and length limits on the host and completes the requests that finished. Batch rows, prefill
+chunk and cache length are padded to buckets (`EngineConfig`), so a served mix of requests
+compiles a handful of programs once (`compile_count`).
+
+Output per request is SGLang's `/generate` result (protocol.GenerateResponse): text, output ids
+and meta_info with finish_reason and, when asked, per-token log-probs of the sampled tokens
+(raw model distribution in float32, see sampling.py) and of the prompt tokens (scoring).
+
+Example:
+  engine = Engine(model, tokenizer, config=EngineConfig(max_batch_size=8))
+  with engine:
+    [out] = engine.generate([SingleGenerateRequest(input_ids=ids, return_logprob=True,
+                             sampling_params=SamplingParams(max_new_tokens=64))])
+    engine.update_params(nnx.state(new_model))     # in-process weight sync
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import queue
+import threading
+import time
+import uuid
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+from flax import nnx
+
+from orchard_jax.rollout.errors import EngineError, RequestError, WeightUpdateError
+from orchard_jax.rollout.protocol import (
+  FinishReason, GenerateResponse, MetaInfo, SamplingParams, SingleGenerateRequest)
+from orchard_jax.rollout.runner import ModelRunner, bucket
+from orchard_jax.rollout.sampling import SamplingMode
+
+_log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+  """Sizes and buckets of the engine. Every shape the engine compiles comes from here.
+
+  Attributes:
+    max_batch_size: most requests decoded together (rows of the cache).
+    batch_buckets: row counts the cache takes; the smallest that fits the running requests
+      is used. Must end with max_batch_size.
+    max_seq_len: longest prompt + output a request may have, tokens.
+    cache_len_buckets: cache capacities (tokens per row); the smallest that fits every running
+      request's prompt + max_new_tokens is used. Empty: powers of two from 256 up to
+      max_seq_len (and max_seq_len itself).
+    prefill_chunk_buckets: prompt tokens processed per prefill call; longer prompts take
+      several calls of the largest chunk.
+    decode_steps: decode steps per compiled call (the host checks stops between calls; a row
+      that stopped mid-call wastes at most decode_steps - 1 steps).
+    admission_wait_s: after the first queued request arrives at an idle engine, wait this long
+      for more to batch them.
+    seed: seed of the engine's draw of per-request seeds (requests without sampling_seed);
+      None draws from the OS.
+  """
+  max_batch_size: int = 8
+  batch_buckets: tuple[int, ...] = (1, 2, 4, 8)
+  max_seq_len: int = 4096
+  cache_len_buckets: tuple[int, ...] = ()
+  prefill_chunk_buckets: tuple[int, ...] = (32, 128, 512)
+  decode_steps: int = 16
+  admission_wait_s: float = 0.002
+  seed: Optional[int] = None
+
+  def __post_init__(self):
+    if not self.batch_buckets or self.batch_buckets[-1] != self.max_batch_size:
+      raise RequestError(f"batch_buckets {self.batch_buckets} must end with max_batch_size "
+                         f"{self.max_batch_size}")
+    if list(self.batch_buckets) != sorted(set(self.batch_buckets)):
+      raise RequestError(f"batch_buckets {self.batch_buckets} must be strictly increasing")
+    if self.decode_steps < 1:
+      raise RequestError(f"decode_steps must be >= 1, got {self.decode_steps}")
+
+  @property
+  def cache_buckets(self) -> tuple[int, ...]:
+    if self.cache_len_buckets:
+      return tuple(sorted(set(self.cache_len_buckets) | {self.max_seq_len}))
+    out, size = [], 256
+    while size < self.max_seq_len:
+      out.append(size)
+      size *= 2
+    return tuple(out) + (self.max_seq_len,)
+
+
+@dataclasses.dataclass(eq=False)
+class _Sequence:
+  """A request in flight (host-side state of one cache row)."""
+  request: SingleGenerateRequest
+  rid: str
+  prompt: np.ndarray
+  max_new: int
+  seed: int
+  stop_ids: frozenset
+  future: concurrent.futures.Future
+  on_update: Optional[Callable[[GenerateResponse], None]]
+  submitted_at: float
+  output_ids: list = dataclasses.field(default_factory=list)
+  output_logprobs: list = dataclasses.field(default_factory=list)
+  output_top: list = dataclasses.field(default_factory=list)
+  input_logprobs: list = dataclasses.field(default_factory=list)
+  input_top: list = dataclasses.field(default_factory=list)
+  prefilled: int = 0
+  finish: Optional[FinishReason] = None
+  stop_text_checked: int = 0
+  weight_version: str = ""
+
+  @property
+  def params(self) -> SamplingParams:
+    return self.request.sampling_params
+
+  @property
+  def top_k_num(self) -> int:
+    return self.request.top_logprobs_num if self.request.return_logprob else 0
+
+
+class Engine:
+  """The embedded JAX inference engine (see the module docstring).
+
+  Args:
+    model: the policy, a `models.CausalLM` (NNX module).
+    tokenizer: a `data.Tokenizer` (text prompts, stop strings, end-of-turn ids, output text).
+    config: `EngineConfig`.
+    model_path: reported by /get_model_info.
+    weight_version: initial label reported in meta_info.weight_version.
+  """
+
+  def __init__(self, model: nnx.Module, tokenizer: Any, *, config: EngineConfig = EngineConfig(),
+               model_path: str = "", weight_version: str = "0"):
+    self.config = config
+    self.tokenizer = tokenizer
+    self.runner = ModelRunner(model)
+    self.model_config = getattr(model, "config", None)
+    self.model_path = model_path
+    self.weight_version = weight_version
+    self.num_requests_served = 0
+    self._queue: "queue.Queue[_Sequence]" = queue.Queue()
+    self._control: "queue.Queue[tuple[Callable[[], Any], concurrent.futures.Future]]" = (
+      queue.Queue())
+    self._rng = np.random.default_rng(config.seed)
+    self._slots: list[Optional[_Sequence]] = []
+    self._cache = None
+    self._cache_len = 0
+    self._thread: Optional[threading.Thread] = None
+    self._stopping = threading.Event()
+    self._wake = threading.Event()
+    self._vocab = int(getattr(self.model_config, "vocab_size", 0) or 0)
+
+  # ----------------------------------------------------------------- lifecycle
+
+  def start(self) -> "Engine":
+    """Start the scheduling thread (idempotent)."""
+    if self._thread is None or not self._thread.is_alive():
+      self._stopping.clear()
+      self._thread = threading.Thread(target=self._loop, name="orchard-engine", daemon=True)
+      self._thread.start()
+    return self
+
+  def stop(self) -> None:
+    """Stop the thread; queued and running requests fail with EngineError."""
+    self._stopping.set()
+    self._wake.set()
+    if self._thread is not None:
+      self._thread.join(timeout=60)
+    self._thread = None
+    self._fail_all(EngineError("the engine stopped before the request finished"))
+
+  def __enter__(self) -> "Engine":
+    return self.start()
+
+  def __exit__(self, *exc: Any) -> None:
+    self.stop()
+
+  @property
+  def is_running(self) -> bool:
+    """True while the scheduling thread runs."""
+    return self._thread is not None and self._thread.is_alive()
+
+  @property
+  def compile_count(self) -> int:
+    """Compilations (traces) of the engine's jitted functions so far."""
+    return self.runner.compile_count
+
+  # ----------------------------------------------------------------- requests
+
+  def submit(self, request: SingleGenerateRequest,
+             on_update: Optional[Callable[[GenerateResponse], None]] = None
+             ) -> concurrent.futures.Future:
+    """Queue one request; the future resolves to its `GenerateResponse`.
+
+    Args:
+      request: the prompt (text or ids) and its settings.
+      on_update: called from the engine thread with the cumulative partial response after
+        each decode call (streaming), and not for the final one (the future has it).
+    Raises:
+      RequestError: empty prompt, prompt too long, token id out of range.
+      EngineError: the engine is not running.
+    """
+    if not self.is_running:
+      raise EngineError("the engine is not running; use it in a `with engine:` block or call "
+                        "start()")
+    seq = self._make_sequence(request, on_update)
+    self._queue.put(seq)
+    self._wake.set()
+    return seq.future
+
+  def generate(self, requests: Sequence[SingleGenerateRequest],
+               timeout_s: Optional[float] = None) -> list[GenerateResponse]:
+    """Submit requests and wait for all of them (results in request order)."""
+    futures = [self.submit(r) for r in requests]
+    return [f.result(timeout=timeout_s) for f in futures]
+
+  def _make_sequence(self, request: SingleGenerateRequest,
+                     on_update: Optional[Callable]) -> _Sequence:
+    if request.input_ids is not None:
+      prompt = np.asarray(request.input_ids, dtype=np.int64)
+    else:
+      prompt = np.asarray(self.tokenizer.encode(request.text or ""), dtype=np.int64)
+    if prompt.ndim != 1 or prompt.size == 0:
+      raise RequestError("the prompt is empty; expected at least one token")
+    if self._vocab and (prompt.min() < 0 or prompt.max() >= self._vocab):
+      bad = int(prompt[(prompt < 0) | (prompt >= self._vocab)][0])
+      raise RequestError(f"prompt token id {bad} is outside the vocabulary [0, {self._vocab})")
+    limit = self.config.max_seq_len
+    if prompt.size >= limit:
+      raise RequestError(f"the prompt has {prompt.size} tokens; the engine's max_seq_len is "
+                         f"{limit}, leaving no room to generate")
+    params = request.sampling_params
+    requested = params.max_new_tokens if params.max_new_tokens is not None else limit
+    max_new = min(requested, limit - int(prompt.size))
+    if params.top_k > 0 and self._vocab and params.top_k > self._vocab:
+      raise RequestError(f"top_k={params.top_k} exceeds the vocabulary size {self._vocab}")
+    stops = set(params.stop_token_ids or [])
+    if not params.ignore_eos:
+      stops |= set(getattr(self.tokenizer, "stop_ids", ()))
+    seed = params.sampling_seed
+    if seed is None:
+      seed = int(self._rng.integers(0, 2**31 - 1))
+    return _Sequence(
+      request=request, rid=request.rid or uuid.uuid4().hex, prompt=prompt, max_new=max_new,
+      seed=int(seed) % (2**32), stop_ids=frozenset(int(s) for s in stops),
+      future=concurrent.futures.Future(), on_update=on_update, submitted_at=time.perf_counter())
+
+  # ----------------------------------------------------------------- weights
+
+  def update_params(self, params: Any, weight_version: Optional[str] = None,
+                    timeout_s: Optional[float] = 600.0) -> None:
+    """Swap in new weights between two engine steps (in-process weight sync).
+
+    Requests in flight continue with the new weights from their next step on (as SGLang
+    does without abort_all_requests). Blocks until applied. No recompilation happens: the
+    new weights must have the served model's shapes.
+
+    Args:
+      params: the new parameters: a pure dict as the trainer holds them
+        (`nnx.to_pure_dict(nnx.state(model, nnx.Param))`), an `nnx.State` of nnx.Param
+        variables, or a model of the same architecture.
+      weight_version: new label for meta_info.weight_version (default: previous + 1 when
+        numeric).
+    Raises:
+      WeightUpdateError: the weights do not fit the served model.
+    """
+    if isinstance(params, nnx.Module):
+      params = nnx.state(params, nnx.Param)
+
+    def apply():
+      self.runner.swap_params(params)
+      self.weight_version = weight_version if weight_version is not None else _next_version(
+        self.weight_version)
+
+    self._run_control(apply, timeout_s)
+
+  def update_weights_from_disk(self, model_path: str, load_format: Optional[str] = None,
+                               weight_version: Optional[str] = None) -> None:
+    """Load weights from a folder and swap them in (see `weights.load_params_from_disk`).
+
+    Raises:
+      WeightUpdateError: missing folder, unknown format, or weights that do not fit.
+    """
+    from orchard_jax.rollout.weights import load_params_from_disk  # deferred: orbax import
+
+    params = load_params_from_disk(model_path, self.runner.params, load_format=load_format)
+    self.update_params(params, weight_version=weight_version)
+    self.model_path = model_path
+
+  def _run_control(self, fn: Callable[[], Any], timeout_s: Optional[float]) -> Any:
+    if not self.is_running:
+      return fn()
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    self._control.put((fn, future))
+    self._wake.set()
+    return future.result(timeout=timeout_s)
+
+  def model_info(self) -> dict[str, Any]:
+    """SGLang's /get_model_info fields plus compile_count and num_requests_served."""
+    arch = getattr(self.model_config, "architecture", None)
+    return {
+      "model_path": self.model_path, "tokenizer_path": getattr(self.tokenizer, "name", None),
+      "is_generation": True, "preferred_sampling_params": None,
+      "weight_version": self.weight_version, "has_image_understanding": False,
+      "has_audio_understanding": False, "model_type": arch,
+      "architectures": [arch] if arch else None, "compile_count": self.compile_count,
+      "num_requests_served": self.num_requests_served,
+      "max_batch_size": self.config.max_batch_size, "max_seq_len": self.config.max_seq_len,
+      "running_requests": sum(s is not None for s in self._slots),
+      "queued_requests": self._queue.qsize(),
+    }
+
+  # ----------------------------------------------------------------- the loop
+
+  def _loop(self) -> None:
+    while not self._stopping.is_set():
+      try:
+        self._apply_control()
+        admitted = self._admit()
+        if admitted:
+          self._prefill(admitted)
+        if any(s is not None and s.finish is None and s.prefilled == s.prompt.size
+               for s in self._slots):
+          self._decode()
+        elif not admitted:
+          self._wake.wait(timeout=0.05)
+          self._wake.clear()
+      except Exception as e:  # noqa: BLE001 - a model fault fails the requests, not the thread
+        _log.exception("engine step failed")
+        self._fail_running(EngineError(f"engine step failed: {type(e).__name__}: {e}"))
+        self._cache = None
+        self._slots = []
+
+  def _apply_control(self) -> None:
+    while True:
+      try:
+        fn, future = self._control.get_nowait()
+      except queue.Empty:
+        return
+      try:
+        future.set_result(fn())
+      except Exception as e:  # noqa: BLE001 - handed to the caller
+        future.set_exception(e)
+
+  def _running(self) -> list[_Sequence]:
+    return [s for s in self._slots if s is not None]
+
+  def _admit(self) -> list[_Sequence]:
+    running = self._running()
+    room = self.config.max_batch_size - len(running)
+    if room <= 0:
+      return []
+    if not running and self._queue.empty():
+      return []
+    new: list[_Sequence] = []
+    if not running and self.config.admission_wait_s > 0:
+      time.sleep(self.config.admission_wait_s)
+    while len(new) < room:
+      try:
+        seq = self._queue.get_nowait()
+      except queue.Empty:
+        break
+      if seq.future.cancelled():
+        continue
+      seq.weight_version = self.weight_version
+      new.append(seq)
+    self._layout(running + new)
+    return new
+
+  def _layout(self, sequences: list[_Sequence]) -> None:
+    """Place `sequences` in rows 0..n-1 of a cache sized for them (re-laid out if needed)."""
+    n = len(sequences)
+    batch = bucket(max(n, 1), self.config.batch_buckets)
+    need = max([int(s.prompt.size) + s.max_new for s in sequences] or [1])
+    cache_len = bucket(need, self.config.cache_buckets) or self.config.max_seq_len
+    old_rows = {id(s): i for i, s in enumerate(self._slots) if s is not None}
+    rows = np.array([old_rows.get(id(s), -1) for s in sequences] + [-1] * (batch - n))
+    same = (self._cache is not None and len(self._slots) == batch
+            and cache_len == self._cache_len and np.array_equal(rows[:n], np.arange(n))
+            and all(s is None for s in self._slots[n:]))
+    if same:
+      return
+    if self._cache is None or not old_rows:
+      self._cache = self.runner.init_cache(batch, cache_len)
+    else:
+      self._cache = self.runner.relayout(self._cache, rows, batch, cache_len)
+    self._cache_len = cache_len
+    self._slots = list(sequences) + [None] * (batch - n)
+
+  def _prefill(self, admitted: list[_Sequence]) -> None:
+    batch = len(self._slots)
+    rows = {id(s): i for i, s in enumerate(self._slots) if s is not None}
+    pending = list(admitted)
+    top_k_num = _top_bucket(max([s.top_k_num for s in admitted] or [0]))
+    last_logits = None
+    while pending:
+      longest = max(int(s.prompt.size) - s.prefilled for s in pending)
+      chunk = bucket(longest, self.config.prefill_chunk_buckets) or (
+        self.config.prefill_chunk_buckets[-1])
+      ids = np.zeros((batch, chunk), np.int32)
+      pos = np.zeros((batch, chunk), np.int32)
+      seg = np.zeros((batch, chunk), np.int32)
+      nxt = np.zeros((batch, chunk), np.int32)
+      last = np.zeros((batch,), np.int32)
+      spans = {}
+      for s in pending:
+        r = rows[id(s)]
+        start = s.prefilled
+        take = min(chunk, int(s.prompt.size) - start)
+        ids[r, :take] = s.prompt[start:start + take]
+        pos[r, :take] = np.arange(start, start + take)
+        seg[r, :take] = 1
+        follow = s.prompt[start + 1:start + take + 1]
+        nxt[r, :len(follow)] = follow
+        last[r] = take - 1
+        spans[id(s)] = (r, start, take)
+      self._cache, out = self.runner.prefill(self._cache, ids, pos, seg, nxt, last,
+                                             top_k_num=top_k_num)
+      want_inputs = any(s.request.return_logprob and s.request.logprob_start_len >= 0
+                        for s in pending)
+      next_lp = np.asarray(out["next_logprobs"]) if want_inputs else None
+      tops = ((np.asarray(out["top_values"]), np.asarray(out["top_ids"]))
+              if want_inputs and top_k_num else None)
+      done_now = []
+      for s in pending:
+        r, start, take = spans[id(s)]
+        if want_inputs:
+          self._record_input_logprobs(s, next_lp[r], tops, r, start, take)
+        s.prefilled += take
+        if s.prefilled == s.prompt.size:
+          done_now.append(s)
+      if done_now:
+        logits = out["last_logits"]
+        last_logits = logits if last_logits is None else _merge_rows(
+          last_logits, logits, [rows[id(s)] for s in done_now])
+      pending = [s for s in pending if s.prefilled < s.prompt.size]
+    self._sample_first(admitted, last_logits, rows)
+
+  def _record_input_logprobs(self, s: _Sequence, next_lp, tops, r, start, take) -> None:
+    if not (s.request.return_logprob and s.request.logprob_start_len >= 0):
+      return
+    first = s.request.logprob_start_len
+    k = s.top_k_num
+    # Column c of this chunk predicts prompt position start + c + 1.
+    for c in range(take):
+      target = start + c + 1
+      if target == 1 and first == 0:
+        s.input_logprobs.append(None)
+        if k:
+          s.input_top.append(None)
+      if target < s.prompt.size and target >= max(first, 1):
+        s.input_logprobs.append(float(next_lp[c]))
+        if k:
+          s.input_top.append(list(zip(tops[0][r, c, :k].tolist(), tops[1][r, c, :k].tolist())))
+
+  def _sample_first(self, admitted: list[_Sequence], last_logits, rows: dict) -> None:
+    sampling = [s for s in admitted if s.max_new > 0]
+    for s in admitted:
+      if s.max_new == 0:
+        s.finish = FinishReason(type="length", length=0)
+    if sampling:
+      arrays = self._sampling_arrays()
+      positions = np.zeros(len(self._slots), np.int32)
+      for s in sampling:
+        positions[rows[id(s)]] = s.prompt.size
+      top_k_num = _top_bucket(max(s.top_k_num for s in sampling))
+      out = self.runner.sample(last_logits, arrays["seeds"], positions, arrays["temperature"],
+                               arrays["top_k"], arrays["top_p"], arrays["min_p"],
+                               mode=_mode(sampling), top_k_num=top_k_num)
+      tokens = np.asarray(out["tokens"])[:, None]
+      lps = np.asarray(out["logprobs"])[:, None]
+      tops = ((np.asarray(out["top_values"])[:, None], np.asarray(out["top_ids"])[:, None])
+              if top_k_num else None)
+      for s in sampling:
+        self._extend(s, rows[id(s)], tokens, lps, tops)
+    self._finish_done()
+
+  def _sampling_arrays(self) -> dict[str, np.ndarray]:
+    n = len(self._slots)
+    out = {"seeds": np.zeros(n, np.uint32), "temperature": np.zeros(n, np.float32),
+           "top_k": np.zeros(n, np.int32), "top_p": np.ones(n, np.float32),
+           "min_p": np.zeros(n, np.float32)}
+    for r, s in enumerate(self._slots):
+      if s is None:
+        continue
+      p = s.params
+      out["seeds"][r] = s.seed
+      out["temperature"][r] = p.temperature
+      out["top_k"][r] = p.top_k if p.top_k > 0 else 0
+      out["top_p"][r] = p.top_p
+      out["min_p"][r] = p.min_p
+    return out
+
+  def _decode(self) -> None:
+    n = len(self._slots)
+    tokens = np.zeros(n, np.int32)
+    positions = np.zeros(n, np.int32)
+    remaining = np.zeros(n, np.int32)
+    active = []
+    for r, s in enumerate(self._slots):
+      if s is None or s.finish is not None or s.prefilled < s.prompt.size:
+        continue
+      tokens[r] = s.output_ids[-1]
+      positions[r] = s.prompt.size + len(s.output_ids) - 1
+      remaining[r] = s.max_new - len(s.output_ids)
+      active.append(s)
+    arrays = self._sampling_arrays()
+    top_k_num = _top_bucket(max(s.top_k_num for s in active))
+    self._cache, out = self.runner.decode(
+      self._cache, tokens, positions, remaining, arrays["seeds"], arrays["temperature"],
+      arrays["top_k"], arrays["top_p"], arrays["min_p"], num_steps=self.config.decode_steps,
+      mode=_mode(active), top_k_num=top_k_num)
+    toks = np.asarray(out["tokens"])
+    lps = np.asarray(out["logprobs"])
+    tops = (np.asarray(out["top_values"]), np.asarray(out["top_ids"])) if top_k_num else None
+    for r, s in enumerate(self._slots):
+      if s is not None and s in active:
+        self._extend(s, r, toks, lps, tops)
+    self._finish_done()
+
+  def _extend(self, s: _Sequence, r: int, toks, lps, tops) -> None:
+    """Append this call's tokens of row r to s, stopping at the first stop condition."""
+    steps = toks.shape[1]
+    for j in range(steps):
+      if len(s.output_ids) >= s.max_new:
+        break
+      token = int(toks[r, j])
+      s.output_ids.append(token)
+      s.output_logprobs.append(float(lps[r, j]))
+      if s.top_k_num:
+        k = s.top_k_num
+        s.output_top.append(list(zip(tops[0][r, j, :k].tolist(), tops[1][r, j, :k].tolist())))
+      if token in s.stop_ids:
+        s.finish = FinishReason(type="stop", matched=token)
+        return
+      if len(s.output_ids) >= s.max_new:
+        break
+    if s.params.stop_strings and self._match_stop_string(s):
+      return
+    if len(s.output_ids) >= s.max_new:
+      s.finish = FinishReason(type="length", length=len(s.output_ids))
+
+  def _match_stop_string(self, s: _Sequence) -> bool:
+    """Cut s's output after the token that completes a stop string; True when one did."""
+    stops = s.params.stop_strings
+    text = self.tokenizer.decode(s.output_ids, skip_special_tokens=s.params.skip_special_tokens)
+    horizon = max(0, s.stop_text_checked - max(len(x) for x in stops))
+    hits = [(text.find(x, horizon), x) for x in stops]
+    hits = [(i, x) for i, x in hits if i >= 0]
+    s.stop_text_checked = len(text)
+    if not hits:
+      return False
+    index, matched = min(hits)
+    # The first prefix of the output whose text holds the stop string ends with the token
+    # that completed it.
+    for n in range(1, len(s.output_ids) + 1):
+      prefix = self.tokenizer.decode(s.output_ids[:n],
+                                     skip_special_tokens=s.params.skip_special_tokens)
+      if matched in prefix:
+        break
+    del s.output_ids[n:], s.output_logprobs[n:]
+    if s.output_top:
+      del s.output_top[n:]
+    s.finish = FinishReason(type="stop", matched=matched)
+    return True
+
+  def _finish_done(self) -> None:
+    for r, s in enumerate(self._slots):
+      if s is None:
+        continue
+      if s.finish is not None:
+        self._slots[r] = None
+        self.num_requests_served += 1
+        if not s.future.cancelled():
+          s.future.set_result(self._response(s))
+      elif s.on_update is not None:
+        try:
+          s.on_update(self._response(s))
+        except Exception:  # noqa: BLE001 - a broken stream consumer must not stop the engine
+          _log.exception("stream callback of request %s failed", s.rid)
+
+  def _response(self, s: _Sequence) -> GenerateResponse:
+    p = s.params
+    text = self.tokenizer.decode(s.output_ids, skip_special_tokens=p.skip_special_tokens)
+    if s.finish is not None and isinstance(s.finish.matched, str) and not p.no_stop_trim:
+      cut = text.find(s.finish.matched)
+      if cut >= 0:
+        text = text[:cut]
+    req = s.request
+    with_text = req.return_text_in_logprobs
+
+    def entries(ids, lps):
+      return [(lp, int(t), self._token_text(t) if with_text else None) for t, lp in zip(ids, lps)]
+
+    def top_entries(tops):
+      return [None if t is None else [(v, int(i), self._token_text(i) if with_text else None)
+                                      for v, i in t] for t in tops]
+
+    meta = MetaInfo(
+      id=s.rid, finish_reason=s.finish, prompt_tokens=int(s.prompt.size),
+      completion_tokens=len(s.output_ids), cached_tokens=0, weight_version=s.weight_version,
+      e2e_latency=time.perf_counter() - s.submitted_at)
+    if req.return_logprob:
+      meta.output_token_logprobs = entries(s.output_ids, s.output_logprobs)
+      if req.logprob_start_len >= 0:
+        first = req.logprob_start_len
+        meta.input_token_logprobs = entries(s.prompt[first:].tolist(), s.input_logprobs)
+      if s.top_k_num:
+        meta.output_top_logprobs = top_entries(s.output_top)
+        if req.logprob_start_len >= 0:
+          meta.input_top_logprobs = top_entries(s.input_top)
+    return GenerateResponse(text=text, output_ids=list(s.output_ids), meta_info=meta)
+
+  def _token_text(self, token_id: int) -> str:
+    return self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
+
+  def _fail_running(self, error: Exception) -> None:
+    for s in self._slots:
+      if s is not None and not s.future.done():
+        s.future.set_exception(error)
+
+  def _fail_all(self, error: Exception) -> None:
+    self._fail_running(error)
+    self._slots = []
+    self._cache = None
+    while True:
+      try:
+        seq = self._queue.get_nowait()
+      except queue.Empty:
+        break
+      if not seq.future.done():
+        seq.future.set_exception(error)
+
+
+def _mode(sequences: Sequence[_Sequence]) -> SamplingMode:
+  sampled = [s.params for s in sequences if s.params.temperature > 0]
+  if not sampled:
+    return SamplingMode.GREEDY
+  if any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in sampled):
+    return SamplingMode.FILTERED
+  return SamplingMode.SAMPLE
+
+
+def _top_bucket(k: int) -> int:
+  """Static top-logprob count compiled for a request asking for k (0, 1, 5, 20 or k)."""
+  if k <= 0:
+    return 0
+  return bucket(k, (1, 5, 20)) or k
+
+
+def _merge_rows(old, new, rows: list[int]):
+  import jax.numpy as jnp
+
+  mask = np.zeros(old.shape[0], bool)
+  mask[rows] = True
+  return jnp.where(jnp.asarray(mask)[:, None], new, old)
+
+
+def _next_version(version: str) -> str:
+  try:
+    return str(int(version) + 1)
+  except ValueError:
+    return f"{version}+1"
+

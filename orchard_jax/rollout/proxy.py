@@ -1,0 +1,406 @@
+"""The recording proxy: an OpenAI-compatible endpoint per session that records every model call.
+
+A harness gets a base URL `http://HOST:PORT/sessions/{session_id}/v1` and calls
+`/chat/completions` there as it would call any OpenAI-compatible API. For a token-level
+upstream (SGLang or the embedded engine, `SGLangUpstream`) the proxy
+
+1. turns the request's messages into prompt token ids itself. When the messages start with the
+   history the session already recorded (everything up to and including the assistant turn
+   the proxy returned last), it keeps the recorded ids, which end with the tokens exactly as
+   sampled, and appends only the ids of the new messages (tool results, the next user turn,
+   the generation prompt): the chat template renders the new text, which is tokenised on its
+   own, starting right after the sampled end-of-turn token. History already recorded is never
+   rendered or tokenised again (CASES.md 1 and 2). When the messages do not start with a
+   recorded history (the harness edited or compacted it, or changed its tools), the prompt is
+   rendered from scratch and a new segment starts;
+2. sends the ids to the engine's `/generate` (token in, token out) with return_logprob;
+3. parses the sampled text into an assistant message (content, reasoning, tool calls) with the
+   model family's tool-call parser, returns it as a chat completion, and appends a
+   `data.ModelCall` (prompt ids, output ids, log-probs, messages, tools, response, finish
+   reason, segment index, timing) to the trajectory store as the call finishes.
+
+For a text-level upstream (`OpenAIUpstream`, e.g. a hosted teacher) it forwards the request
+and records the messages and the response, marked `text_only` (SFT re-tokenises those with the
+student's template; RL refuses them).
+
+Example:
+  with InferenceServer(engine) as server, TrajectoryStore(path) as store, \\
+       RecordingProxy(SGLangUpstream(server.url), tokenizer=tok, store=store) as proxy:
+    base_url = proxy.session_url("task-1-attempt-0")     # give this to the harness
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+from typing import Any, Optional, Sequence, Union
+
+import fastapi
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from orchard_jax.data import ModelCall, chat_messages
+from orchard_jax.rollout.background import BackgroundServer
+from orchard_jax.rollout.errors import RequestError, RolloutError, UpstreamError
+from orchard_jax.rollout.openai_chat import (
+  assistant_message, chat_completion, sampling_params_of, stream_chat_chunks, token_logprobs)
+from orchard_jax.rollout.openai_protocol import ChatCompletionRequest, ChatCompletionResponse
+from orchard_jax.rollout.protocol import SamplingParams
+from orchard_jax.rollout.server import error_response
+from orchard_jax.rollout.upstream import OpenAIUpstream, SGLangUpstream
+
+_log = logging.getLogger(__name__)
+_CHECKPOINTS_KEPT = 4
+
+
+@dataclasses.dataclass
+class _Checkpoint:
+  """Token ids recorded for a chat prefix.
+
+  `assistant` checkpoints cover messages ending with an assistant turn the proxy returned
+  (ids = prompt + sampled output); `request` checkpoints cover a request's messages (ids = the
+  prompt, ending with the generation prompt).
+  """
+  key: tuple
+  ids: list[int]
+  assistant: bool
+  closed: bool  # assistant turn ended with a sampled stop token (end of turn)
+  call_index: int
+
+
+@dataclasses.dataclass
+class _Session:
+  id: str
+  lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+  call_index: int = 0
+  segment_index: int = 0
+  context_key: Optional[str] = None
+  checkpoints: list = dataclasses.field(default_factory=list)
+  latest: Optional[_Checkpoint] = None
+  prompt_tokens: int = 0
+  completion_tokens: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptPlan:
+  """How a request's prompt ids were made.
+
+  Attributes:
+    ids: the prompt token ids.
+    reused: number of leading ids taken from a recorded checkpoint (0: rendered from scratch).
+    continues_segment: the prompt extends the session's latest recorded call (prompt +
+      output), so the call belongs to the current segment.
+  """
+  ids: list[int]
+  reused: int
+  continues_segment: bool
+
+
+def message_key(message: dict) -> tuple:
+  """What identifies a message for history matching: role, text, tool calls (name and
+  canonical arguments). Call ids, reasoning text and harness-only keys are ignored."""
+  role = message.get("role")
+  role = "system" if role == "developer" else role
+  calls = []
+  for call in message.get("tool_calls") or []:
+    fn = call.get("function", call) if isinstance(call, dict) else {}
+    args = fn.get("arguments")
+    if isinstance(args, str):
+      try:
+        args = json.loads(args)
+      except ValueError:
+        pass
+    calls.append((fn.get("name"), json.dumps(args, sort_keys=True, ensure_ascii=False)))
+  return (role, _text(message.get("content")).strip(), tuple(calls))
+
+
+def _text(content: Any) -> str:
+  if content is None:
+    return ""
+  if isinstance(content, str):
+    return content
+  if isinstance(content, list):
+    return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+  return str(content)
+
+
+def _clean_messages(messages: Sequence[dict]) -> list[dict]:
+  """Messages the chat template renders (developer -> system; harness-only keys dropped)."""
+  renamed = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+  return chat_messages(renamed)
+
+
+class PromptBuilder:
+  """Builds prompt ids for a session's requests, extending recorded ids (see module docstring).
+
+  Args:
+    tokenizer: a `data.Tokenizer` with a chat template.
+  """
+
+  def __init__(self, tokenizer: Any):
+    self.tokenizer = tokenizer
+    self.eos_text = tokenizer.id_to_token(tokenizer.eos_id)
+
+  def plan(self, session: _Session, messages: list[dict], tools: Optional[list[dict]],
+           template_kwargs: dict) -> PromptPlan:
+    """Prompt ids for `messages` (already cleaned) in `session`'s context."""
+    key = tuple(message_key(m) for m in messages)
+    best = None
+    if session.context_key == _context_key(tools, template_kwargs):
+      for cp in session.checkpoints:
+        n = len(cp.key)
+        fits = (cp.assistant and n < len(key)) or (not cp.assistant and n == len(key))
+        if fits and key[:n] == cp.key and (best is None or n > len(best.key)):
+          best = cp
+    if best is not None and not best.assistant:
+      return PromptPlan(list(best.ids), len(best.ids), False)
+    if best is not None:
+      suffix = self._new_text(messages, len(best.key), tools, template_kwargs, best.closed)
+      if suffix is not None:
+        ids = list(best.ids) + self.tokenizer.encode(suffix)
+        return PromptPlan(ids, len(best.ids), best is session.latest)
+      _log.info("session %s: chat template is not prefix-stable here; rendering the prompt "
+                "from scratch", session.id)
+    ids = self.tokenizer.render_chat(messages, tools, add_generation_prompt=True,
+                                     **template_kwargs)
+    return PromptPlan(ids, 0, False)
+
+  def _new_text(self, messages: list[dict], k: int, tools, template_kwargs: dict,
+                closed: bool) -> Optional[str]:
+    """Text the template adds after the recorded assistant turn messages[k-1]: the rest of that
+    turn's end (the end-of-turn token when the sampled ids lack it, then the separator), the
+    new messages and the generation prompt. None when the template is not prefix-stable."""
+    render = self.tokenizer.render_chat_text
+    for start in (0, k - 1):  # whole history, then the last assistant turn as anchor
+      head = render(messages[start:k], tools, add_generation_prompt=False, **template_kwargs)
+      full = render(messages[start:], tools, add_generation_prompt=True, **template_kwargs)
+      end = head.rfind(self.eos_text)
+      if not full.startswith(head) or end < 0 or head[end + len(self.eos_text):].strip():
+        continue
+      trailer = head[end + len(self.eos_text):] if closed else head[end:]
+      return trailer + full[len(head):]
+    return None
+
+
+def _context_key(tools: Optional[list[dict]], template_kwargs: dict) -> str:
+  return json.dumps([tools or [], template_kwargs], sort_keys=True, ensure_ascii=False)
+
+
+class RecordingProxy:
+  """The recording proxy as a context manager serving on host:port (see module docstring).
+
+  Args:
+    upstream: `SGLangUpstream` (token-level) or `OpenAIUpstream` (text-level).
+    tokenizer: the policy's `data.Tokenizer` (needed for a token-level upstream).
+    store: a `data.TrajectoryStore` to append model calls to (None records nothing).
+    tool_call_parser: data.TOOL_CALL_PARSERS name for the model family.
+    served_model_name: model id reported to harnesses.
+    sampling_defaults: SamplingParams fields used when a request does not set them (e.g.
+      {"max_new_tokens": 2048}).
+    sampling_overrides: SamplingParams fields that replace the request's (e.g. an RL recipe
+      forcing {"temperature": 1.0}).
+    host, port: where to listen (port 0 picks a free one).
+  """
+
+  def __init__(self, upstream: Union[SGLangUpstream, OpenAIUpstream], *, tokenizer: Any = None,
+               store: Any = None, tool_call_parser: str = "qwen3",
+               served_model_name: str = "orchard",
+               sampling_defaults: Optional[dict] = None,
+               sampling_overrides: Optional[dict] = None, host: str = "127.0.0.1",
+               port: int = 0):
+    if not upstream.text_only and tokenizer is None:
+      raise RequestError("a token-level upstream needs the policy's tokenizer to render prompts")
+    self.upstream = upstream
+    self.tokenizer = tokenizer
+    self.store = store
+    self.tool_call_parser = tool_call_parser
+    self.served_model_name = served_model_name
+    self.sampling_defaults = dict(sampling_defaults or {})
+    self.sampling_overrides = dict(sampling_overrides or {})
+    self.builder = PromptBuilder(tokenizer) if tokenizer is not None else None
+    self.sessions: dict[str, _Session] = {}
+    self.app = self._create_app()
+    self._server = BackgroundServer(self.app, host=host, port=port)
+
+  # ------------------------------------------------------------------ lifecycle
+
+  @property
+  def url(self) -> str:
+    return self._server.url
+
+  def session_url(self, session_id: str) -> str:
+    """The OpenAI base URL a harness uses for one session."""
+    if not session_id or "/" in session_id:
+      raise RequestError(f"session id {session_id!r} must be non-empty and contain no '/'")
+    return f"{self.url}/sessions/{session_id}/v1"
+
+  def end_session(self, session_id: str) -> None:
+    """Forget a session's state (its records stay in the store)."""
+    self.sessions.pop(session_id, None)
+    self.upstream.release_session(session_id)
+
+  def __enter__(self) -> "RecordingProxy":
+    self._server.start()
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self._server.stop()
+
+  # ------------------------------------------------------------------ app
+
+  def _create_app(self) -> fastapi.FastAPI:
+    app = fastapi.FastAPI(title="orchard_jax recording proxy")
+
+    @app.on_event("shutdown")
+    async def _close_upstream():
+      await self.upstream.aclose()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: fastapi.Request, exc: RequestValidationError):
+      msgs = [f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body')}: {e.get('msg')}"
+              for e in exc.errors()]
+      return error_response("; ".join(msgs) or "invalid request", 400)
+
+    @app.exception_handler(RequestError)
+    async def _bad(request: fastapi.Request, exc: RequestError):
+      return error_response(str(exc), 400)
+
+    @app.exception_handler(UpstreamError)
+    async def _upstream(request: fastapi.Request, exc: UpstreamError):
+      status = 400 if exc.status_code == 400 else 502
+      return error_response(f"upstream {exc.url}: {exc}", status,
+                            "BadRequestError" if status == 400 else "UpstreamError")
+
+    @app.exception_handler(RolloutError)
+    async def _rollout(request: fastapi.Request, exc: RolloutError):
+      return error_response(str(exc), 503, "ServiceUnavailableError")
+
+    @app.get("/health")
+    async def health():
+      return {"status": "ok", "sessions": len(self.sessions)}
+
+    @app.get("/sessions/{session_id}/v1/models")
+    async def models(session_id: str):
+      return {"object": "list", "data": [{"id": self.served_model_name, "object": "model",
+                                          "created": 0, "owned_by": "orchard_jax"}]}
+
+    @app.post("/sessions/{session_id}/v1/chat/completions")
+    async def chat(session_id: str, request: ChatCompletionRequest):
+      session = self.sessions.get(session_id)
+      if session is None:
+        session = self.sessions.setdefault(session_id, _Session(session_id))
+      async with session.lock:
+        if self.upstream.text_only:
+          body = await self._text_only_call(session, request)
+        else:
+          response = await self._token_call(session, request)
+          if request.stream:
+            return StreamingResponse(stream_chat_chunks(response),
+                                     media_type="text/event-stream")
+          body = response.model_dump(mode="json", exclude_none=True)
+      return JSONResponse(body)
+
+    @app.delete("/sessions/{session_id}")
+    async def end(session_id: str):
+      self.end_session(session_id)
+      return {"ended": session_id}
+
+    return app
+
+  def _sampling(self, request: ChatCompletionRequest) -> SamplingParams:
+    params = sampling_params_of(request, request.max_new_tokens)
+    fields = params.model_dump()
+    for name, value in self.sampling_defaults.items():
+      if name not in request.model_fields_set and not (
+          name == "max_new_tokens" and request.max_new_tokens is not None):
+        fields[name] = value
+    fields.update(self.sampling_overrides)
+    try:
+      return SamplingParams(**fields)
+    except ValueError as e:
+      raise RequestError(f"invalid sampling settings after proxy defaults/overrides: {e}") from e
+
+  async def _token_call(self, session: _Session, request: ChatCompletionRequest
+                        ) -> ChatCompletionResponse:
+    started_at, t0 = time.time(), time.perf_counter()
+    messages = _clean_messages(request.messages)
+    tools = request.offered_tools()
+    kwargs = dict(request.chat_template_kwargs or {})
+    plan = self.builder.plan(session, messages, tools, kwargs)
+    params = self._sampling(request)
+    if session.call_index > 0 and not plan.continues_segment:
+      session.segment_index += 1
+    t1 = time.perf_counter()
+    out = await self.upstream.generate(plan.ids, params, session_id=session.id,
+                                       top_logprobs_num=request.top_logprobs or 0)
+    t2 = time.perf_counter()
+    message, parsed = assistant_message(out.text, tools, parser=self.tool_call_parser,
+                                        separate_reasoning=request.separate_reasoning)
+    finish = out.meta_info.finish_reason
+    logprobs = None
+    if request.logprobs or request.top_logprobs:
+      logprobs = token_logprobs(self.tokenizer, out.output_ids, out.output_logprobs,
+                                out.meta_info.output_top_logprobs, request.top_logprobs or 0)
+    response = chat_completion(
+      request, message=message, finish_type=finish.type if finish else None,
+      matched=finish.matched if finish else None, prompt_tokens=len(plan.ids),
+      completion_tokens=len(out.output_ids), logprobs=logprobs, model=self.served_model_name)
+    returned = message.model_dump(exclude_none=True)
+    closed = finish is not None and finish.type == "stop" and isinstance(finish.matched, int)
+    key = tuple(message_key(m) for m in messages)
+    request_cp = _Checkpoint(key, list(plan.ids), False, False, session.call_index)
+    answer_cp = _Checkpoint(key + (message_key(returned),), list(plan.ids) + list(out.output_ids),
+                            True, closed, session.call_index)
+    session.context_key = _context_key(tools, kwargs)
+    session.checkpoints = (session.checkpoints + [request_cp, answer_cp])[-2 * _CHECKPOINTS_KEPT:]
+    session.latest = answer_cp
+    t3 = time.perf_counter()
+    if self.store is not None:
+      self.store.append_model_call(ModelCall(
+        session_id=session.id, call_index=session.call_index, prompt_ids=plan.ids,
+        output_ids=out.output_ids, output_logprobs=out.output_logprobs,
+        segment_index=session.segment_index, messages=messages, tools=tools,
+        response=returned, finish_reason=response.choices[0].finish_reason, text_only=False,
+        model=self.served_model_name, policy_version=_version(out.meta_info.weight_version),
+        sampling_params=params.model_dump(exclude_defaults=True),
+        started_at=started_at, finished_at=time.time(),
+        metadata={"timing_s": {"prompt": t1 - t0, "upstream": t2 - t1, "response": t3 - t2,
+                               "total": time.perf_counter() - t0},
+                  "reused_prompt_ids": plan.reused, "upstream": self.upstream.description,
+                  "rid": out.meta_info.id,
+                  "tool_call_errors": [dataclasses.asdict(e) for e in parsed.errors]
+                  if parsed is not None else []}))
+    session.call_index += 1
+    session.prompt_tokens += len(plan.ids)
+    session.completion_tokens += len(out.output_ids)
+    return response
+
+  async def _text_only_call(self, session: _Session, request: ChatCompletionRequest
+                            ) -> dict[str, Any]:
+    started_at, t0 = time.time(), time.perf_counter()
+    body = request.model_dump(exclude_unset=True)
+    body.pop("stream", None)
+    data = await self.upstream.chat(body)
+    choice = data["choices"][0]
+    if self.store is not None:
+      self.store.append_model_call(ModelCall(
+        session_id=session.id, call_index=session.call_index,
+        messages=_clean_messages(request.messages), tools=request.offered_tools(),
+        response=choice.get("message"), finish_reason=choice.get("finish_reason"),
+        text_only=True, model=data.get("model") or self.upstream.model,
+        sampling_params={k: v for k, v in body.items()
+                         if k not in ("messages", "tools", "model", "tool_choice")},
+        started_at=started_at, finished_at=time.time(),
+        metadata={"timing_s": {"total": time.perf_counter() - t0},
+                  "upstream": self.upstream.description, "usage": data.get("usage")}))
+    session.call_index += 1
+    return data
+
+
+def _version(value: Optional[str]) -> Optional[int]:
+  try:
+    return int(value) if value is not None else None
+  except ValueError:
+    return None

@@ -1,0 +1,234 @@
+"""The engine's jitted model calls: chunked prefill, multi-step decode, cache re-layout.
+
+`ModelRunner` holds the policy as an NNX (graphdef, state) pair and compiles three functions:
+  prefill(state, cache, ids [B, C], ...)   one chunk of prompt tokens for some rows, returning
+                                           the log-prob of every next prompt token and the
+                                           logits at each row's last prompt position;
+  decode(state, cache, ...)                `num_steps` one-token steps in a lax.scan, sampling
+                                           inside (see sampling.py), for every active row;
+  sample(logits [B, V], ...)               the first output token after a prefill.
+Shapes come from a small set of buckets chosen by the engine (batch rows, prefill chunk, cache
+length), so serving compiles once per bucket, never per request. `compile_count` counts traces
+(one per new shape or static setting) and is reported by /get_model_info.
+
+Rows are independent sequences in one `DecodeCache` (models/cache.py): a call leaves a row
+untouched where its segment_ids are 0, so prefill of new rows and decode of running rows use the
+same cache (continuous batching).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from orchard_jax.rollout.errors import WeightUpdateError
+from orchard_jax.rollout.sampling import SamplingMode, row_keys, sample_next, top_logprobs
+
+
+class ModelRunner:
+  """Compiled forward passes of one policy model over a shared decode cache.
+
+  Args:
+    model: a `models.CausalLM` (any NNX module with the CONTRACTS.md call signature
+      `model(ids, positions, segment_ids, cache=cache) -> (logits, aux, cache)` and
+      `model.init_cache(batch, max_len)`).
+
+  Attributes:
+    compile_count: number of traces of the jitted functions so far.
+  """
+
+  def __init__(self, model: nnx.Module):
+    self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
+    self._model_for_cache = model
+    self.compile_count = 0
+    self._lock = threading.Lock()
+    self._prefill = jax.jit(self._prefill_impl, static_argnames=("top_k_num",),
+                            donate_argnums=(1,))
+    self._decode = jax.jit(self._decode_impl,
+                           static_argnames=("num_steps", "mode", "top_k_num"),
+                           donate_argnums=(1,))
+    self._sample = jax.jit(self._sample_impl, static_argnames=("mode", "top_k_num"))
+
+  # ------------------------------------------------------------------ weights
+
+  def swap_params(self, params: Any) -> None:
+    """Replace the model's parameters.
+
+    Args:
+      params: an `nnx.State` of the model's nnx.Param variables (`nnx.state(model, nnx.Param)`)
+        or the same as a pure dict (`nnx.to_pure_dict(...)`, what the trainer holds).
+    Raises:
+      WeightUpdateError: a parameter is missing or extra, or its shape or dtype differs.
+    """
+    if isinstance(params, nnx.State):
+      params = nnx.to_pure_dict(params)
+    template = nnx.to_pure_dict(self.params)
+    old = dict(_flatten(template))
+    new = dict(_flatten(params))
+    missing, extra = sorted(set(old) - set(new)), sorted(set(new) - set(old))
+    if missing or extra:
+      raise WeightUpdateError(
+        f"new weights do not match the served model: missing {missing[:5]}, unexpected "
+        f"{extra[:5]} ({len(missing)} missing, {len(extra)} unexpected)")
+    for path, value in new.items():
+      ref = old[path]
+      if tuple(np.shape(value)) != tuple(ref.shape):
+        raise WeightUpdateError(
+          f"parameter {path} has shape {tuple(np.shape(value))} in the new weights and "
+          f"{tuple(ref.shape)} in the served model")
+    placed = _rebuild(template, new)
+    state = jax.tree.map(lambda x: x, self.params)
+    nnx.replace_by_pure_dict(state, placed)
+    self.params = state
+
+  # ------------------------------------------------------------------ cache
+
+  def init_cache(self, batch: int, max_len: int) -> Any:
+    """A fresh cache of `batch` rows and `max_len` positions."""
+    return self._model_for_cache.init_cache(batch, max_len)
+
+  def relayout(self, cache: Any, rows: np.ndarray, batch: int, max_len: int) -> Any:
+    """A cache of shape (batch, max_len) whose row i is old row rows[i] (rows[i] < 0: empty).
+
+    Every leaf has the batch on axis 0; attention leaves hold positions on axis 1. Positions
+    beyond a row's length are never read, so cutting or zero-padding axis 1 is safe as long as
+    max_len covers every kept row's length.
+    """
+    fresh = self.init_cache(batch, max_len)
+    take = jnp.asarray(np.where(rows >= 0, rows, 0), dtype=jnp.int32)
+
+    def move(new, old):
+      if getattr(old, "ndim", 0) == 0:
+        return new
+      picked = old[take]
+      index = tuple(slice(0, min(a, b)) for a, b in zip(new.shape, picked.shape))
+      return new.at[index].set(picked[index].astype(new.dtype))
+
+    moved = jax.tree.map(move, fresh, cache)
+    return moved.reset_rows(jnp.asarray(rows < 0))
+
+  # ------------------------------------------------------------------ compiled steps
+
+  def _count_trace(self) -> None:
+    with self._lock:
+      self.compile_count += 1
+
+  def _prefill_impl(self, params, cache, ids, positions, segment_ids, next_ids, last_col, *,
+                    top_k_num: int):
+    self._count_trace()
+    model = nnx.merge(self.graphdef, params, self.rest)
+    logits, _, cache = model(ids, positions, segment_ids, cache=cache)
+    logits = logits.astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    next_lp = jnp.take_along_axis(logp, next_ids[..., None], axis=-1)[..., 0]
+    rows = jnp.arange(ids.shape[0])
+    last_logits = logits[rows, last_col]
+    out = {"next_logprobs": next_lp, "last_logits": last_logits}
+    if top_k_num:
+      values, top_ids = jax.lax.top_k(logp, top_k_num)
+      out["top_values"], out["top_ids"] = values, top_ids.astype(jnp.int32)
+    return cache, out
+
+  def _sample_impl(self, logits, seeds, positions, temperature, top_k, top_p, min_p, *,
+                   mode: SamplingMode, top_k_num: int):
+    self._count_trace()
+    keys = row_keys(seeds, positions)
+    tokens, lp = sample_next(logits, keys, temperature, top_k, top_p, min_p, mode)
+    out = {"tokens": tokens, "logprobs": lp}
+    if top_k_num:
+      out["top_values"], out["top_ids"] = top_logprobs(logits, top_k_num)
+    return out
+
+  def _decode_impl(self, params, cache, tokens, positions, remaining, seeds, temperature, top_k,
+                   top_p, min_p, *, num_steps: int, mode: SamplingMode, top_k_num: int):
+    self._count_trace()
+    model = nnx.merge(self.graphdef, params, self.rest)
+
+    def step(carry, s):
+      cache, tok, pos = carry
+      active = s < remaining
+      logits, _, cache = model(tok[:, None], pos[:, None], active[:, None].astype(jnp.int32),
+                               cache=cache)
+      logits = logits[:, 0].astype(jnp.float32)
+      keys = row_keys(seeds, pos + 1)
+      new_tok, lp = sample_next(logits, keys, temperature, top_k, top_p, min_p, mode)
+      out = {"tokens": new_tok, "logprobs": lp}
+      if top_k_num:
+        out["top_values"], out["top_ids"] = top_logprobs(logits, top_k_num)
+      tok = jnp.where(active, new_tok, tok)
+      pos = jnp.where(active, pos + 1, pos)
+      return (cache, tok, pos), out
+
+    (cache, _, _), outs = jax.lax.scan(step, (cache, tokens, positions), jnp.arange(num_steps))
+    # scan stacks on axis 0: [steps, batch, ...] -> [batch, steps, ...]
+    outs = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), outs)
+    return cache, outs
+
+  # ------------------------------------------------------------------ host-facing calls
+
+  def prefill(self, cache, ids: np.ndarray, positions: np.ndarray, segment_ids: np.ndarray,
+              next_ids: np.ndarray, last_col: np.ndarray, top_k_num: int = 0):
+    """One prefill chunk. Arrays are [batch, chunk] int32 (last_col [batch]).
+
+    Returns:
+      (cache, out) with out["next_logprobs"] [batch, chunk] = log p(next_ids[b, c] | tokens up
+      to column c), out["last_logits"] [batch, vocab] at column last_col[b], and when
+      top_k_num > 0 out["top_values"], out["top_ids"] [batch, chunk, k].
+    """
+    return self._prefill(self.params, cache, jnp.asarray(ids), jnp.asarray(positions),
+                         jnp.asarray(segment_ids), jnp.asarray(next_ids),
+                         jnp.asarray(last_col), top_k_num=top_k_num)
+
+  def sample(self, logits, seeds, positions, temperature, top_k, top_p, min_p, *,
+             mode: SamplingMode, top_k_num: int = 0):
+    """Sample one token per row from [batch, vocab] logits (see sampling.sample_next)."""
+    return self._sample(logits, jnp.asarray(seeds), jnp.asarray(positions),
+                        jnp.asarray(temperature), jnp.asarray(top_k), jnp.asarray(top_p),
+                        jnp.asarray(min_p), mode=mode, top_k_num=top_k_num)
+
+  def decode(self, cache, tokens, positions, remaining, seeds, temperature, top_k, top_p, min_p,
+             *, num_steps: int, mode: SamplingMode, top_k_num: int = 0):
+    """`num_steps` decode steps for every row with remaining > step.
+
+    Args:
+      tokens: [batch] int32 last token of each row (not yet in the cache), at `positions`.
+      remaining: [batch] int32 tokens each row may still generate (0 = inactive row).
+    Returns:
+      (cache, out) with out["tokens"], out["logprobs"] [batch, num_steps] and, when
+      top_k_num > 0, out["top_values"], out["top_ids"] [batch, num_steps, k].
+    """
+    return self._decode(self.params, cache, jnp.asarray(tokens), jnp.asarray(positions),
+                        jnp.asarray(remaining), jnp.asarray(seeds), jnp.asarray(temperature),
+                        jnp.asarray(top_k), jnp.asarray(top_p), jnp.asarray(min_p),
+                        num_steps=num_steps, mode=mode, top_k_num=top_k_num)
+
+
+def bucket(value: int, buckets: tuple[int, ...]) -> Optional[int]:
+  """The smallest bucket >= value, or None when value exceeds the largest."""
+  for b in buckets:
+    if b >= value:
+      return b
+  return None
+
+
+def _flatten(tree: Any, prefix: str = "") -> list[tuple[str, Any]]:
+  if isinstance(tree, dict):
+    out = []
+    for key, value in tree.items():
+      out.extend(_flatten(value, f"{prefix}/{key}" if prefix else str(key)))
+    return out
+  return [(prefix, tree)]
+
+
+def _rebuild(template: Any, flat: dict[str, Any], prefix: str = "") -> Any:
+  """`template`'s tree with each leaf replaced by flat[path], cast and placed like the leaf."""
+  if isinstance(template, dict):
+    return {k: _rebuild(v, flat, f"{prefix}/{k}" if prefix else str(k))
+            for k, v in template.items()}
+  value = jnp.asarray(flat[prefix], dtype=template.dtype)
+  sharding = getattr(template, "sharding", None)
+  return jax.device_put(value, sharding) if sharding is not None else value

@@ -1,0 +1,305 @@
+"""The embedded engine's HTTP server: SGLang's native endpoints and the OpenAI-compatible ones.
+
+Native (SGLang wire format, protocol.py):
+  POST /generate                    text or input_ids, sampling_params, return_logprob, ...
+                                    (batched prompts; "stream": true answers with SSE)
+  GET  /health, /health_generate    liveness; the latter generates one token
+  GET  /get_model_info, /model_info model path, weight_version, plus compile_count
+  GET  /get_server_info             engine configuration and load
+  GET  /get_weight_version, /weight_version
+  POST /update_weights_from_disk    {"model_path", "load_format", "weight_version"}
+  POST /flush_cache                 accepted (the engine keeps no prefix cache)
+OpenAI-compatible:
+  GET  /v1/models
+  POST /v1/chat/completions         messages + tools rendered by the model's chat template,
+                                    tool calls parsed back, logprobs
+  POST /v1/completions              text or id prompts
+
+Errors answer {"object": "error", "message", "type", "param", "code"} with HTTP 400 for bad
+requests and 503 when the engine cannot serve.
+
+Example (in-process, e.g. in a recipe or test):
+  with InferenceServer(engine) as server:
+    client = SGLangClient(server.url)
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, AsyncIterator, Optional
+
+import fastapi
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from orchard_jax.rollout.background import BackgroundServer
+from orchard_jax.rollout.engine import Engine
+from orchard_jax.rollout.errors import EngineError, RequestError, RolloutError
+from orchard_jax.rollout.openai_chat import (
+  assistant_message, chat_completion, sampling_params_of, stream_chat_chunks, token_logprobs)
+from orchard_jax.rollout.openai_protocol import (
+  ChatCompletionRequest, CompletionChoice, CompletionLogprobs, CompletionRequest,
+  CompletionResponse, Usage, openai_finish_reason)
+from orchard_jax.rollout.protocol import (
+  GenerateRequest, GenerateResponse, SamplingParams, SingleGenerateRequest,
+  UpdateWeightsFromDiskRequest)
+
+_log = logging.getLogger(__name__)
+
+
+def error_response(message: str, status: int, kind: str = "BadRequestError") -> JSONResponse:
+  """OpenAI/SGLang-style error body."""
+  return JSONResponse({"object": "error", "message": message, "type": kind, "param": None,
+                       "code": status}, status_code=status)
+
+
+def create_app(engine: Engine, *, served_model_name: str = "orchard",
+               tool_call_parser: str = "qwen3") -> fastapi.FastAPI:
+  """The FastAPI app serving `engine` (see the module docstring for the endpoints).
+
+  Args:
+    engine: a started `Engine`.
+    served_model_name: the model id reported by /v1/models and in responses.
+    tool_call_parser: data.TOOL_CALL_PARSERS name used by /v1/chat/completions.
+  """
+  app = fastapi.FastAPI(title="orchard_jax inference engine")
+  warned: set[str] = set()
+
+  @app.exception_handler(RequestValidationError)
+  async def _invalid(request: fastapi.Request, exc: RequestValidationError):
+    parts = []
+    for err in exc.errors():
+      where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+      parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+    return error_response("; ".join(parts) or "invalid request", 400)
+
+  @app.exception_handler(RequestError)
+  async def _bad(request: fastapi.Request, exc: RequestError):
+    return error_response(str(exc), 400)
+
+  @app.exception_handler(RolloutError)
+  async def _engine(request: fastapi.Request, exc: RolloutError):
+    return error_response(str(exc), 503, "ServiceUnavailableError")
+
+  async def run(single: SingleGenerateRequest) -> GenerateResponse:
+    return await asyncio.wrap_future(engine.submit(single))
+
+  # ------------------------------------------------------------------ native
+
+  @app.get("/health")
+  async def health():
+    return fastapi.Response(status_code=200)
+
+  @app.get("/health_generate")
+  async def health_generate():
+    await run(SingleGenerateRequest(input_ids=[0], sampling_params=SamplingParams(
+      max_new_tokens=1, temperature=0.0)))
+    return fastapi.Response(status_code=200)
+
+  @app.get("/get_model_info")
+  @app.get("/model_info")
+  async def model_info():
+    return engine.model_info()
+
+  @app.get("/get_server_info")
+  async def server_info():
+    config = engine.config
+    return {"served_model_name": served_model_name, "tool_call_parser": tool_call_parser,
+            "max_batch_size": config.max_batch_size, "batch_buckets": config.batch_buckets,
+            "max_seq_len": config.max_seq_len, "cache_len_buckets": config.cache_buckets,
+            "prefill_chunk_buckets": config.prefill_chunk_buckets,
+            "decode_steps": config.decode_steps, **engine.model_info()}
+
+  @app.get("/get_weight_version")
+  @app.get("/weight_version")
+  async def weight_version():
+    return {"weight_version": engine.weight_version}
+
+  @app.post("/flush_cache")
+  async def flush_cache():
+    return fastapi.Response(content="Cache flushed.\n", status_code=200)
+
+  @app.api_route("/generate", methods=["POST", "PUT"])
+  async def generate(body: dict[str, Any]):
+    try:
+      request = GenerateRequest.model_validate(body)
+      singles = request.split()
+    except ValueError as e:
+      raise RequestError(str(e)) from e
+    if request.stream:
+      if request.is_batch:
+        raise RequestError("stream=true takes one prompt; send batched prompts unstreamed")
+      return StreamingResponse(_stream(engine, singles[0]), media_type="text/event-stream")
+    results = await asyncio.gather(*[run(s) for s in singles])
+    payload = [r.model_dump(mode="json") for r in results]
+    return payload if request.is_batch else payload[0]
+
+  @app.post("/update_weights_from_disk")
+  async def update_weights(body: UpdateWeightsFromDiskRequest):
+    try:
+      await asyncio.to_thread(engine.update_weights_from_disk, body.model_path,
+                              body.load_format, body.weight_version)
+    except RolloutError as e:
+      return JSONResponse({"success": False, "message": str(e), "num_paused_requests": 0},
+                          status_code=400)
+    return {"success": True, "message": "Succeeded to update model weights.",
+            "num_paused_requests": 0}
+
+  # ------------------------------------------------------------------ OpenAI
+
+  @app.get("/v1/models")
+  async def models():
+    return {"object": "list", "data": [{
+      "id": served_model_name, "object": "model", "created": 0, "owned_by": "orchard_jax",
+      "root": engine.model_path or served_model_name,
+      "max_model_len": engine.config.max_seq_len}]}
+
+  def note_ignored(request) -> None:
+    for name in request.ignored_fields:
+      if name not in warned:
+        warned.add(name)
+        _log.info("ignoring request field %r (not part of this server's API)", name)
+
+  @app.post("/v1/chat/completions")
+  async def chat(request: ChatCompletionRequest):
+    note_ignored(request)
+    tools = request.offered_tools()
+    prompt = engine.tokenizer.render_chat(request.messages, tools, add_generation_prompt=True,
+                                          **(request.chat_template_kwargs or {}))
+    params = sampling_params_of(request, request.max_new_tokens)
+    want_logprobs = request.logprobs or bool(request.top_logprobs)
+    out = await run(SingleGenerateRequest(
+      input_ids=prompt, sampling_params=params, return_logprob=want_logprobs,
+      top_logprobs_num=request.top_logprobs or 0, rid=request.rid))
+    message, _ = assistant_message(out.text, tools, parser=tool_call_parser,
+                                   separate_reasoning=request.separate_reasoning)
+    logprobs = None
+    if want_logprobs:
+      logprobs = token_logprobs(engine.tokenizer, out.output_ids, out.output_logprobs,
+                                out.meta_info.output_top_logprobs, request.top_logprobs or 0)
+    finish = out.meta_info.finish_reason
+    response = chat_completion(
+      request, message=message, finish_type=finish.type if finish else None,
+      matched=finish.matched if finish else None, prompt_tokens=out.meta_info.prompt_tokens,
+      completion_tokens=out.meta_info.completion_tokens, logprobs=logprobs,
+      model=request.model or served_model_name)
+    if request.stream:
+      return StreamingResponse(stream_chat_chunks(response), media_type="text/event-stream")
+    return response.model_dump(mode="json", exclude_none=True)
+
+  @app.post("/v1/completions")
+  async def completions(request: CompletionRequest):
+    note_ignored(request)
+    if request.stream:
+      raise RequestError("stream=true is not supported on /v1/completions; use /generate")
+    try:
+      prompts = request.prompts()
+    except ValueError as e:
+      raise RequestError(str(e)) from e
+    params = sampling_params_of(request, request.max_tokens)
+    want = request.logprobs is not None
+    singles = [SingleGenerateRequest(
+      text=p if isinstance(p, str) else None, input_ids=None if isinstance(p, str) else p,
+      sampling_params=params, return_logprob=want, top_logprobs_num=request.logprobs or 0)
+      for p in prompts]
+    results = await asyncio.gather(*[run(s) for s in singles])
+    choices, prompt_tokens, completion_tokens = [], 0, 0
+    for i, (p, out) in enumerate(zip(prompts, results)):
+      text = out.text
+      if request.echo:
+        text = (p if isinstance(p, str) else engine.tokenizer.decode(p)) + text
+      logprobs = None
+      if want:
+        logprobs = CompletionLogprobs()
+        offset = 0
+        tops = out.meta_info.output_top_logprobs or [None] * len(out.output_ids)
+        for token_id, lp, top in zip(out.output_ids, out.output_logprobs, tops):
+          token = engine.tokenizer.decode([token_id])
+          logprobs.tokens.append(token)
+          logprobs.token_logprobs.append(lp)
+          logprobs.text_offset.append(offset)
+          logprobs.top_logprobs.append(
+            {engine.tokenizer.decode([e[1]]): e[0] for e in top} if top else None)
+          offset += len(token)
+      finish = out.meta_info.finish_reason
+      choices.append(CompletionChoice(
+        index=i, text=text, logprobs=logprobs,
+        finish_reason=openai_finish_reason(finish.type if finish else None, False),
+        matched_stop=finish.matched if finish else None))
+      prompt_tokens += out.meta_info.prompt_tokens
+      completion_tokens += out.meta_info.completion_tokens
+    return CompletionResponse(
+      model=request.model or served_model_name, choices=choices,
+      usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                  total_tokens=prompt_tokens + completion_tokens)
+    ).model_dump(mode="json", exclude_none=True)
+
+  return app
+
+
+async def _stream(engine: Engine, single: SingleGenerateRequest) -> AsyncIterator[str]:
+  """SGLang's streaming format: one `data: {cumulative result}` event per engine step."""
+  loop = asyncio.get_running_loop()
+  updates: asyncio.Queue = asyncio.Queue()
+
+  def on_update(partial: GenerateResponse) -> None:
+    loop.call_soon_threadsafe(updates.put_nowait, partial)
+
+  future = asyncio.wrap_future(engine.submit(single, on_update=on_update))
+  while True:
+    getter = asyncio.ensure_future(updates.get())
+    done, _ = await asyncio.wait({getter, future}, return_when=asyncio.FIRST_COMPLETED)
+    if getter in done:
+      yield f"data: {json.dumps(getter.result().model_dump(mode='json'))}\n\n"
+      continue
+    getter.cancel()
+    try:
+      final = future.result()
+    except RolloutError as e:
+      yield f"data: {json.dumps({'error': {'message': str(e)}})}\n\n"
+      break
+    yield f"data: {json.dumps(final.model_dump(mode='json'))}\n\n"
+    break
+  yield "data: [DONE]\n\n"
+
+
+class InferenceServer:
+  """The engine and its HTTP server, started and stopped together (a context manager).
+
+  Args:
+    engine: the `Engine` to serve (started on enter, stopped on exit unless it was already
+      running).
+    host, port: where to listen (port 0 picks a free port; read `.url`).
+    served_model_name, tool_call_parser: see `create_app`.
+  """
+
+  def __init__(self, engine: Engine, *, host: str = "127.0.0.1", port: int = 0,
+               served_model_name: str = "orchard", tool_call_parser: str = "qwen3"):
+    self.engine = engine
+    self.app = create_app(engine, served_model_name=served_model_name,
+                          tool_call_parser=tool_call_parser)
+    self._server = BackgroundServer(self.app, host=host, port=port)
+    self._owns_engine = False
+
+  @property
+  def url(self) -> str:
+    """Base URL of the native API (the OpenAI API is under url + "/v1")."""
+    return self._server.url
+
+  def __enter__(self) -> "InferenceServer":
+    if not self.engine.is_running:
+      self.engine.start()
+      self._owns_engine = True
+    try:
+      self._server.start()
+    except Exception:
+      if self._owns_engine:
+        self.engine.stop()
+      raise
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self._server.stop()
+    if self._owns_engine:
+      self.engine.stop()
