@@ -318,7 +318,7 @@ def build_app(manager: SandboxManager, api_keys, *, public_url: Optional[str] = 
       await session.close()
       try:
         await websocket.close()
-      except RuntimeError:
+      except Exception:  # noqa: BLE001 - the client has already gone
         pass
 
   @app.api_route("/exposed/{token}/{path:path}",
