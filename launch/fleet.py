@@ -11,7 +11,8 @@ volumes, Orchard Env (orchestrator Deployment and Service, RBAC, API-key Secret,
 sandbox namespace's network policies, and the SGLang servers. `train` submits one training
 run (an Indexed Job under jax.distributed); each `--set FIELD=VALUE` becomes an experiment
 override `--config.FIELD=VALUE` of launch/run.py in the Job. `weights` submits a Job that
-downloads a Hugging Face model into the models volume (SGLang's --model-path reads it there). `status` reports every object and exits 1 when something is missing or not ready.
+downloads a Hugging Face model into the models volume (SGLang's --model-path reads it there).
+`status` reports every object and exits 1 when something is missing or not ready.
 `down` deletes what `up` and `train` created, keeping the volumes (and the namespace that holds
 them) unless `--delete-volumes` is given. `--dry-run` prints the manifests as YAML and
 touches nothing. Fleet fields are overridden like experiment fields: `--config.env.replicas=5`.
@@ -31,7 +32,6 @@ from ml_collections import config_flags  # noqa: E402
 from launch import k8s  # noqa: E402
 from launch.k8s import client as kube  # noqa: E402
 from launch.k8s import common  # noqa: E402
-from launch.k8s import env_service  # noqa: E402
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "k8s", "config.py")
 _CONFIG = config_flags.DEFINE_config_file(
@@ -208,7 +208,8 @@ def status(client: kube.KubeClient, config) -> tuple[list[tuple[str, str, bool]]
 
   Returns:
     (rows, healthy): rows of (object, state, healthy); healthy is False when an object is
-    missing, a Deployment or StatefulSet is short of ready replicas, a claim is unbound or a Job failed.
+    missing, a Deployment or StatefulSet is short of ready replicas, a claim is lost or a Job
+    failed.
   """
   rows = []
   for obj in k8s.render_fleet(config):

@@ -13,7 +13,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def load_helper(name: str):
   """Imports tests/cluster/<name>.py as a module."""
-  spec = importlib.util.spec_from_file_location(f"_cluster_{name}", os.path.join(_HERE, f"{name}.py"))
+  path = os.path.join(_HERE, f"{name}.py")
+  spec = importlib.util.spec_from_file_location(f"_cluster_{name}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module

@@ -21,7 +21,8 @@ import kubernetes_validate
 
 KUBERNETES_VERSION = "1.33"
 
-_CORE = re.compile(r"^/api/v1/namespaces(?:/(?P<ns>[^/]+)(?:/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?)?)?$")
+_CORE = re.compile(r"^/api/v1/namespaces"
+                   r"(?:/(?P<ns>[^/]+)(?:/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?)?)?$")
 _GROUP = re.compile(r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/"
                     r"(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?$")
 _KIND_OF = {"namespaces": "Namespace", "services": "Service", "secrets": "Secret",
@@ -134,7 +135,8 @@ class FakeKubeAPI:
 
   def _apply(self, kind, namespace, name, query, content_type, obj):
     if content_type != "application/apply-patch+yaml":
-      return 415, _status(415, "UnsupportedMediaType", f"this fake only applies, saw {content_type}")
+      return 415, _status(415, "UnsupportedMediaType",
+                          f"this fake only applies, saw {content_type}")
     if not query.get("fieldManager"):
       return 422, _status(422, "Invalid", "fieldManager is required for apply patch")
     if obj["metadata"]["name"] != name:

@@ -80,7 +80,8 @@ def test_jobs_and_exposures_are_listed_per_sandbox(make_store):
 def test_binary_unsafe_text_and_unicode_survive(make_store):
   async def body():
     store = make_store()
-    record = {"id": "j", "sandbox_id": "s", "stdout": "caf\u00e9 \ufffd \u2603", "stdout_b64": "/w=="}
+    record = {"id": "j", "sandbox_id": "s", "stdout": "caf\u00e9 \ufffd \u2603",
+              "stdout_b64": "/w=="}
     await store.put(JOB, "j", record)
     assert await store.get(JOB, "j") == record
     await store.close()
