@@ -67,7 +67,7 @@ class RedisStore(Store):
   def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, prefix: str = "orchard-env",
                lock_ttl: float = 30.0, lock_wait: Optional[float] = 600.0, client=None):
     import redis.asyncio
-    from redis.backoff import ExponentialWithJitterBackoff
+    from redis.backoff import EqualJitterBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
     from redis.retry import Retry
@@ -81,7 +81,7 @@ class RedisStore(Store):
     if client is None:
       # Transient connection failures are retried by redis-py itself (backoff with jitter).
       client = redis.asyncio.Redis.from_url(
-          url, retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 3),
+          url, retry=Retry(EqualJitterBackoff(cap=1.0, base=0.05), 3),
           retry_on_error=[RedisConnectionError, RedisTimeoutError],
           socket_connect_timeout=5, health_check_interval=30)
     self._redis = client
