@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import shlex
+import shutil
 import time
 from typing import Callable, ContextManager, Mapping, Sequence
 
@@ -156,6 +157,8 @@ def _evaluate(sandbox, instance, model_patch, result, logs):
 
 
 def _write_logs(log_dir, model_patch, logs, result):
+  if os.path.isdir(log_dir):
+    shutil.rmtree(log_dir)  # no stale log of an earlier run may sit beside this report
   os.makedirs(log_dir, exist_ok=True)
   with open(os.path.join(log_dir, "patch.diff"), "w", encoding="utf-8") as f:
     f.write(model_patch or "")
