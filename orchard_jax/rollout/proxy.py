@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -251,11 +252,12 @@ class RecordingProxy:
   # ------------------------------------------------------------------ app
 
   def _create_app(self) -> fastapi.FastAPI:
-    app = fastapi.FastAPI(title="orchard_jax recording proxy")
-
-    @app.on_event("shutdown")
-    async def _close_upstream():
+    @contextlib.asynccontextmanager
+    async def lifespan(app: fastapi.FastAPI):
+      yield
       await self.upstream.aclose()
+
+    app = fastapi.FastAPI(title="orchard_jax recording proxy", lifespan=lifespan)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: fastapi.Request, exc: RequestValidationError):

@@ -5,6 +5,8 @@ vocabulary as the tiny tokenizer), so the engine's programs compile in seconds. 
 one bucket per dimension, so the whole suite compiles each program once.
 """
 import dataclasses
+import os
+import sys
 
 import pytest
 from flax import nnx
@@ -12,6 +14,8 @@ from flax import nnx
 from orchard_jax.data import tiny_tokenizer
 from orchard_jax.models import CausalLM, get_preset
 from orchard_jax.rollout import Engine, EngineConfig
+
+sys.path.insert(0, os.path.dirname(__file__))  # test helpers (agent_fixture) import by name
 
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
              head_dim=32, intermediate_size=128, moe_intermediate_size=64, num_experts=4,
@@ -40,3 +44,26 @@ def small_model(small_config):
 def engine(small_model, tokenizer):
   with Engine(small_model, tokenizer, config=ENGINE_CONFIG, model_path="small-test") as running:
     yield running
+
+
+@pytest.fixture(scope="session")
+def agent_params(small_config, tokenizer):
+  """Parameters of the small policy trained to act as the bash agent (agent_fixture.py)."""
+  from agent_fixture import train_agent
+
+  model = CausalLM(small_config, rngs=nnx.Rngs(0))
+  loss = train_agent(model, tokenizer, steps=300, learning_rate=1e-2, stop_loss=0.02)
+  assert loss < 0.05, f"the agent fixture did not learn its conversation (loss {loss:.3f})"
+  return nnx.state(model, nnx.Param)
+
+
+@pytest.fixture
+def agent_engine(engine, agent_params, small_model):
+  """The shared engine serving the trained agent weights for one test (restored after)."""
+  original = nnx.state(small_model, nnx.Param)
+  version = engine.weight_version
+  engine.update_params(agent_params, weight_version="agent")
+  try:
+    yield engine
+  finally:
+    engine.update_params(original, weight_version=version)

@@ -1,0 +1,197 @@
+"""The recording proxy: recorded ids are the sampled ids, prompts extend the recorded history
+(CASES.md 1 and 2), divergent histories start a new segment, text-only upstreams."""
+import json
+
+import fastapi
+import openai
+import pytest
+
+from agent_fixture import BASH_TOOL, COMMANDS, OUTPUTS, SYSTEM, TASK
+from orchard_jax.data import TextOnlyRecordError, TrajectoryStore, sequences_from_model_calls
+from orchard_jax.rollout import (
+  BackgroundServer, InferenceServer, OpenAIUpstream, RecordingProxy, SGLangUpstream)
+
+
+class _CapturingUpstream(SGLangUpstream):
+  """The real engine upstream, also keeping each response as the engine returned it (the
+  reference the records are checked against)."""
+
+  def __init__(self, url):
+    super().__init__(url)
+    self.responses = []
+
+  async def generate(self, prompt_ids, params, **kwargs):
+    out = await super().generate(prompt_ids, params, **kwargs)
+    self.responses.append((list(prompt_ids), out))
+    return out
+
+
+@pytest.fixture
+def stack(engine, tokenizer, tmp_path):
+  with InferenceServer(engine) as server, TrajectoryStore(tmp_path / "store") as store:
+    upstream = _CapturingUpstream(server.url)
+    with RecordingProxy(upstream, tokenizer=tokenizer, store=store,
+                        served_model_name="tiny-policy") as proxy:
+      yield proxy, store, upstream
+
+
+def _client(proxy, session):
+  return openai.OpenAI(base_url=proxy.session_url(session), api_key="none", max_retries=0)
+
+
+def _assert_records_are_the_sampled_ids(store, upstream, session):
+  records = store.model_calls(session)
+  assert len(records) == len(upstream.responses)
+  for record, (prompt, out) in zip(records, upstream.responses):
+    assert record.prompt_ids == prompt
+    assert record.output_ids == out.output_ids
+    assert record.output_logprobs == out.output_logprobs
+  return records
+
+
+def test_agent_session_with_tool_calls_records_sampled_ids(agent_engine, stack, tokenizer):
+  proxy, store, upstream = stack
+  client = _client(proxy, "agent-1")
+  messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+  for i, command in enumerate(COMMANDS):
+    response = client.chat.completions.create(model="tiny-policy", messages=messages,
+                                              tools=[BASH_TOOL], temperature=0, max_tokens=64)
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "bash" and json.loads(call.function.arguments) == {
+      "command": command}
+    messages.append(choice.message.model_dump(exclude_none=True))
+    if i < len(OUTPUTS):  # tool results end with a newline (CASES.md 1)
+      messages.append({"role": "tool", "tool_call_id": call.id, "content": OUTPUTS[i]})
+  records = _assert_records_are_the_sampled_ids(store, upstream, "agent-1")
+  assert [r.call_index for r in records] == [0, 1, 2]
+  assert [r.segment_index for r in records] == [0, 0, 0]
+  for previous, record in zip(records, records[1:]):
+    history = previous.prompt_ids + previous.output_ids
+    assert record.prompt_ids[:len(history)] == history  # extended, never re-rendered
+    assert record.metadata["reused_prompt_ids"] == len(history)
+  assert all(r.output_ids[-1] == tokenizer.eos_id for r in records)
+  assert records[0].prompt_ids == tokenizer.render_chat(messages[:2], [BASH_TOOL])
+  assert records[2].response["tool_calls"][0]["function"]["name"] == "bash"
+  assert records[2].finish_reason == "tool_calls" and records[2].policy_version is None
+  assert records[1].messages[-1] == {"role": "tool", "tool_call_id": messages[3]["tool_call_id"],
+                                     "content": "one\n"}
+  # The RL path joins the session into one sequence whose sampled tokens carry the recorded
+  # log-probs.
+  [sequence] = sequences_from_model_calls(records, mode="rl")
+  assert list(sequence.input_ids) == records[2].prompt_ids + records[2].output_ids
+  assert sequence.num_loss_tokens == sum(len(r.output_ids) for r in records)
+
+
+def test_random_policy_session_never_retokenises(stack, tokenizer):
+  """With a random policy at temperature 1 the sampled ids are arbitrary: decoding then
+  re-encoding them, or re-rendering the history, gives other ids (CASES.md 1 and 2); the records
+  keep the ids as sampled."""
+  proxy, store, upstream = stack
+  client = _client(proxy, "random-1")
+  messages = [{"role": "system", "content": "Answer briefly.\n"},
+              {"role": "user", "content": "First question?\n"}]
+  for turn in range(3):
+    response = client.chat.completions.create(model="tiny-policy", messages=messages,
+                                              temperature=1.0, seed=turn, max_tokens=24,
+                                              logprobs=True)
+    message = response.choices[0].message
+    assert len(response.choices[0].logprobs.content) == response.usage.completion_tokens
+    messages.append({"role": "assistant", "content": message.content})
+    messages.append({"role": "user", "content": f"Output of step {turn}:\nok\n"})
+  records = _assert_records_are_the_sampled_ids(store, upstream, "random-1")
+  assert [r.segment_index for r in records] == [0, 0, 0]
+  reencoded_differs = [tokenizer.encode(tokenizer.decode(r.output_ids)) != r.output_ids
+                       for r in records]
+  assert any(reencoded_differs), "no sampled sequence changed under decode/encode"
+  # Re-templating the recorded history (what a naive proxy does) changes the ids.
+  last = records[-1]
+  naive = tokenizer.render_chat(messages[:5], None, add_generation_prompt=False)
+  history = records[-2].prompt_ids + records[-2].output_ids
+  assert naive[:len(history)] != history
+  for previous, record in zip(records, records[1:]):
+    history = previous.prompt_ids + previous.output_ids
+    assert record.prompt_ids[:len(history)] == history
+  assert last.metadata["timing_s"]["total"] >= last.metadata["timing_s"]["upstream"]
+
+
+def test_edited_history_starts_a_new_segment(stack, tokenizer):
+  proxy, store, upstream = stack
+  client = _client(proxy, "edit-1")
+  messages = [{"role": "user", "content": "Step one.\n"}]
+  reply = client.chat.completions.create(model="tiny-policy", messages=messages, max_tokens=8,
+                                         temperature=0, extra_body={"ignore_eos": True})
+  messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+               {"role": "user", "content": "Step two.\n"}]
+  client.chat.completions.create(model="tiny-policy", messages=messages, max_tokens=8,
+                                 temperature=0, extra_body={"ignore_eos": True})
+  # The harness compacts its history: the first exchange is summarised away.
+  compacted = [{"role": "user", "content": "Summary of earlier steps.\n"},
+               {"role": "user", "content": "Step two.\n"}]
+  third = client.chat.completions.create(model="tiny-policy", messages=compacted, max_tokens=8,
+                                         temperature=0, extra_body={"ignore_eos": True})
+  compacted += [{"role": "assistant", "content": third.choices[0].message.content},
+                {"role": "user", "content": "Step three.\n"}]
+  client.chat.completions.create(model="tiny-policy", messages=compacted, max_tokens=8,
+                                 temperature=0, extra_body={"ignore_eos": True})
+  # A retry of the same request reuses its recorded prompt.
+  client.chat.completions.create(model="tiny-policy", messages=compacted, max_tokens=8,
+                                 temperature=0, extra_body={"ignore_eos": True})
+  records = _assert_records_are_the_sampled_ids(store, upstream, "edit-1")
+  assert [r.segment_index for r in records] == [0, 0, 1, 1, 2]
+  assert records[2].metadata["reused_prompt_ids"] == 0
+  assert records[2].prompt_ids == tokenizer.render_chat(compacted[:2], None)
+  history = records[2].prompt_ids + records[2].output_ids
+  assert records[3].prompt_ids[:len(history)] == history
+  assert records[4].prompt_ids == records[3].prompt_ids
+  # Length-capped turns (no end-of-turn sampled) are closed by the template's <|im_end|>.
+  assert records[1].prompt_ids[len(records[0].prompt_ids) + 8] == tokenizer.eos_id
+  sequences = sequences_from_model_calls(records, mode="rl")
+  assert [s.segment_index for s in sequences] == [0, 1, 2]
+
+
+def _text_only_api():
+  app = fastapi.FastAPI()
+  app.state.requests = []
+
+  @app.post("/v1/chat/completions")
+  async def chat(request: fastapi.Request):
+    body = await request.json()
+    app.state.requests.append(body)
+    n = len(body["messages"])
+    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 0,
+            "model": body["model"], "choices": [{
+              "index": 0, "finish_reason": "stop",
+              "message": {"role": "assistant", "content": f"Reply to {n} messages.\n"}}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+
+  return app
+
+
+def test_text_only_upstream_records_messages_for_sft_not_rl(tokenizer, tmp_path, monkeypatch):
+  monkeypatch.setenv("TEACHER_KEY", "secret")
+  api = _text_only_api()
+  with BackgroundServer(api) as teacher, TrajectoryStore(tmp_path / "store") as store:
+    upstream = OpenAIUpstream(teacher.url + "/v1", "teacher-model", api_key_env="TEACHER_KEY")
+    with RecordingProxy(upstream, tokenizer=tokenizer, store=store) as proxy:
+      client = _client(proxy, "teacher-1")
+      messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+      first = client.chat.completions.create(model="student", messages=messages, temperature=0.3)
+      messages += [first.choices[0].message.model_dump(exclude_none=True),
+                   {"role": "user", "content": "Again\n"}]
+      client.chat.completions.create(model="student", messages=messages, temperature=0.3)
+    records = store.model_calls("teacher-1")
+  assert first.choices[0].message.content == "Reply to 2 messages.\n"
+  assert api.state.requests[0]["model"] == "teacher-model"
+  assert api.state.requests[0]["temperature"] == 0.3
+  assert [r.text_only for r in records] == [True, True]
+  assert records[1].response["content"] == "Reply to 4 messages.\n"
+  assert records[0].prompt_ids == [] and records[0].output_ids == []
+  sft = sequences_from_model_calls(records, mode="sft", tokenizer=tokenizer)
+  assert sft and all(not s.logprobs_known for s in sft)
+  trained = tokenizer.decode([int(t) for t, w in zip(sft[-1].input_ids, sft[-1].loss_weights)
+                              if w > 0])
+  assert "Reply to 4 messages." in trained
+  with pytest.raises(TextOnlyRecordError):
+    sequences_from_model_calls(records, mode="rl")
