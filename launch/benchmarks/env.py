@@ -155,22 +155,25 @@ def _bare_bwrap_alive_seconds(n):
     r, w = os.pipe()
     procs.append((subprocess.Popen(["bwrap", "--unshare-all", "--die-with-parent", *_BWRAP_HOST,
                                     "--info-fd", str(w), "sleep", "infinity"], pass_fds=[w],
-                                   stdin=subprocess.DEVNULL), r, w))
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   start_new_session=True), r, w))
     os.close(w)
   for _, r, _ in procs:   # alive = bwrap reported the sandbox's pid
     while b"}" not in os.read(r, 4096):
       pass
     os.close(r)
   seconds = time.monotonic() - started
-  for p, _, _ in procs:
-    p.kill()
+  for p, _, _ in procs:   # the whole session: bwrap's outer and inner processes
+    os.killpg(p.pid, 9)
   for p, _, _ in procs:
     p.wait()
   return seconds
 
 
 def run() -> list:
+  import logging
   from orchard_jax.env import SandboxClient, ServiceProcess
+  logging.getLogger("httpx").setLevel(logging.WARNING)
   if shutil.which("bwrap") is None:
     raise SystemExit("the env benchmark needs bubblewrap: sudo apt-get install -y bubblewrap")
   rows = []

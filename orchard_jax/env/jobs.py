@@ -263,13 +263,15 @@ async def collect(process: Process, stdout_fd: int, stderr_fd: Optional[int], sp
 
 
 def _proc_stat(pid):
-  """(ppid, pgrp, session) of a host pid, or None if it is gone."""
+  """(ppid, pgrp, session) of a pid, or None if it is gone or a zombie."""
   try:
     with open(f"/proc/{pid}/stat", "rb") as f:
       data = f.read()
   except OSError:
     return None
   fields = data[data.rindex(b")") + 2:].split()
+  if fields[0] in (b"Z", b"X"):
+    return None
   return int(fields[1]), int(fields[2]), int(fields[3])
 
 
@@ -298,9 +300,11 @@ def process_tree(root: int, candidates=None) -> list:
   return sorted(tree)
 
 
-def kill_process_tree(root: int, candidates_fn=None, rounds: int = 3) -> None:
-  """SIGKILLs `root`'s process tree (see process_tree), a few rounds to catch late forks."""
-  for _ in range(rounds):
+def kill_process_tree(root: int, candidates_fn=None, timeout: float = 5.0) -> None:
+  """SIGKILLs `root`'s process tree (see process_tree), again and again until no member is
+  left alive (a fork bomb keeps forking while it is being killed) or `timeout` seconds pass."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
     pids = process_tree(root, candidates_fn() if candidates_fn else None)
     alive = [p for p in pids if _proc_stat(p) is not None]
     if not alive:
@@ -314,4 +318,4 @@ def kill_process_tree(root: int, candidates_fn=None, rounds: int = 3) -> None:
       os.killpg(root, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
       pass
-    time.sleep(0.005)
+    time.sleep(0.002)

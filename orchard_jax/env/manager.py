@@ -255,14 +255,14 @@ class SandboxManager:
       if record["state"] == FAILED:
         raise SandboxFailed(record["error"] or f"sandbox {sandbox_id!r} failed",
                             details={"sandbox": public_sandbox(record)})
-      if record["state"] != PENDING:
+      if record["state"] not in (PENDING, DELETING):
         raise SandboxStateError(f"sandbox {sandbox_id!r} is {record['state']}")
       left = deadline - time.monotonic()
       if left <= 0:
         return public_sandbox(record)
       event = self._ready_events.get(sandbox_id)
       try:
-        if event is not None:
+        if event is not None and record["state"] == PENDING:
           await asyncio.wait_for(event.wait(), left)
         else:   # being created by another replica: poll the store
           await asyncio.sleep(min(0.05, left))

@@ -106,6 +106,11 @@ class CgroupManager:
       with open(os.path.join(root, "cgroup.subtree_control"), "w") as f:
         f.write(wanted)
 
+  def home_procs(self) -> list:
+    """cgroup.procs files of the cgroups this service itself is in (one per hierarchy used)."""
+    return sorted({os.path.join(os.path.dirname(root), "cgroup.procs")
+                   for root in self.roots.values()})
+
   @property
   def available(self) -> dict:
     """{controller: True/False} for cpu, memory and pids."""

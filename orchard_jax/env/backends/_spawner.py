@@ -400,6 +400,78 @@ def _child(req, fds):
   os._exit(code)
 
 
+class _InPlace:
+  """Root-only fast path: the helper itself joins the sandbox's cgroups and namespaces, drops to
+  the sandbox user (keeping a saved uid of 0), posix_spawns the command (a vfork-style clone:
+  the child lands in the sandbox's pid namespace and cgroups), then returns to its own
+  namespaces, cgroups and credentials. No fork of the helper, no middle process.
+
+  Only used when no user namespace is involved (a process cannot re-enter an ancestor user
+  namespace). If returning fails, the helper exits rather than keep a wrong identity."""
+
+  _ORDER = ("net", "ipc", "uts", "cgroup", "pid", "mnt")
+  _FLAGS = {"mnt": 0x00020000, "cgroup": 0x02000000, "uts": 0x04000000, "ipc": 0x08000000,
+            "pid": 0x20000000, "net": 0x40000000}
+
+  def __init__(self):
+    self.home = {name: os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+                 for name in self._ORDER}
+    self.groups = os.getgroups()
+    self.cwd = os.getcwd()
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)   # harmless for the helper, inherited by every command
+
+  def spawn(self, req, fds):
+    """Returns the command's pid; raises _SpawnError (nothing started, state restored)."""
+    entered = False
+    try:
+      _join_cgroups(req.get("cgroups", ()))
+      if req["ns_flags"]:
+        _setns(fds["pidfd"], req["ns_flags"])
+        entered = True
+      os.chdir("/")
+      cwd = req.get("cwd") or "/"
+      try:
+        os.chdir(cwd)
+      except OSError as e:
+        raise _SpawnError(f"working directory {cwd!r} is not usable in the sandbox: "
+                          f"{os.strerror(e.errno)}") from None
+      argv = _command_argv(req)
+      env = req.get("env") or {}
+      path = _which(argv[0], env)
+      creds = req.get("creds")
+      if creds:
+        os.setgroups([])
+        os.setresgid(creds["gid"], creds["gid"], 0)
+        os.setresuid(creds["uid"], creds["uid"], 0)
+      actions = [(os.POSIX_SPAWN_DUP2, fds["stdin"], 0), (os.POSIX_SPAWN_DUP2, fds["stdout"], 1),
+                 (os.POSIX_SPAWN_DUP2, fds["stderr"], 2)]
+      try:
+        return os.posix_spawn(path, argv, env, file_actions=actions, setsid=True,
+                              setsigdef=(signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT))
+      except OSError as e:
+        raise _SpawnError(f"cannot start {argv[0]!r}: {os.strerror(e.errno)}") from None
+    except OSError as e:
+      raise _SpawnError(f"cannot enter the sandbox: {e}") from None
+    finally:
+      self._return(req, entered)
+
+  def _return(self, req, entered):
+    try:
+      os.setresuid(0, 0, 0)
+      os.setresgid(0, 0, 0)
+      os.setgroups(self.groups)
+      if entered:
+        for name in self._ORDER:
+          if req["ns_flags"] & self._FLAGS[name]:
+            _setns(self.home[name], self._FLAGS[name])
+      os.chdir(self.cwd)
+      _join_cgroups(req.get("home_cgroups", ()))
+    except OSError as e:
+      sys.stderr.write(f"orchard-env spawner: cannot return to its own namespaces ({e}); "
+                       f"exiting\n")
+      os._exit(3)
+
+
 def main():
   sock = socket.socket(fileno=int(sys.argv[1]))
   parent = os.getppid()
@@ -410,7 +482,8 @@ def main():
   signal.set_wakeup_fd(wake_w)
   signal.signal(signal.SIGCHLD, lambda *_: None)
   signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the orchestrator, not here
-  direct = {}   # pid -> status fd of children started in "direct" mode (bubblewrap)
+  direct = {}   # pid -> status fd of children the helper waits for itself
+  in_place = _InPlace() if os.geteuid() == 0 else None
   sel = selectors.DefaultSelector()
   sel.register(sock, selectors.EVENT_READ)
   sel.register(wake_r, selectors.EVENT_READ)
@@ -433,6 +506,17 @@ def main():
           else:
             fds[name] = fd
         fds["extra"] = extra
+        if (in_place is not None and req["op"] == "spawn" and req.get("mode") == "enter"
+            and not req.get("tty") and not req["ns_flags"] & _CLONE_NEWUSER):
+          try:
+            pid = in_place.spawn(req, fds)
+            _write_json(fds["status"], {"pid": pid})
+            direct[pid] = os.dup(fds["status"])
+          except _SpawnError as e:
+            _write_json(fds["status"], {"error": str(e)})
+          for fd in fdlist:
+            os.close(fd)
+          continue
         pid = os.fork()
         if pid == 0:
           sock.close()

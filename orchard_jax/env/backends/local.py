@@ -414,7 +414,7 @@ class LocalBackend(Backend):
     if isinstance(spec.command, str):
       shell = spec.shell or "auto"
     self._send({"op": "spawn", "mode": "enter", "cgroups": box.procs,
-                "ns_flags": box.ns_flags, "creds": self.creds, "argv": spec.argv,
+                "home_cgroups": self._cgroups.home_procs(), "ns_flags": box.ns_flags, "creds": self.creds, "argv": spec.argv,
                 "shell": shell, "env": spec.env, "cwd": spec.cwd or "/", "tty": spec.tty},
                [("stdin", stdin_fd), ("stdout", stdout_fd), ("stderr", stderr_fd),
                 ("status", status_w), ("pidfd", box.pidfd)])
