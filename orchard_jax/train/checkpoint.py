@@ -10,6 +10,7 @@ Restoring takes an abstract target whose leaves carry the *new* mesh's shardings
 written on 8 devices restores on 4 or 1 (CASES.md 5: without that target orbax fails with a
 topology mismatch).
 """
+import logging
 import os
 from typing import Any, Mapping, Optional
 
@@ -27,6 +28,20 @@ def abstract_like(tree, shardings=None):
                         tree)
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
                       shardings)
+
+
+class _QuietOrbaxInfo(logging.Filter):
+  """Drops orbax's per-save INFO chatter (dozens of lines per checkpoint) from absl's log."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or "orbax" not in record.pathname
+
+
+def quiet_orbax_info_logs() -> None:
+  """Installs the filter once on the absl logger (warnings and errors still show)."""
+  logger = logging.getLogger("absl")
+  if not any(isinstance(f, _QuietOrbaxInfo) for f in logger.filters):
+    logger.addFilter(_QuietOrbaxInfo())
 
 
 def _item_handlers():
@@ -54,8 +69,10 @@ class Checkpointer:
     if keep is not None and keep < 1:
       raise TrainError(f"keep must be >= 1 or None; saw {keep}")
     self.directory = os.path.abspath(directory)
+    self.save_every = save_every
+    quiet_orbax_info_logs()
     options = ocp.CheckpointManagerOptions(
-        save_interval_steps=save_every, max_to_keep=keep, create=True,
+        max_to_keep=keep, create=True,
         cleanup_tmp_directories=True, enable_async_checkpointing=async_save)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_handlers=_item_handlers())
@@ -78,11 +95,12 @@ class Checkpointer:
       meta: JSON-serialisable dict (data iterator position, config, ...).
       force: save even if the step is not a multiple of save_every (e.g. the last step).
     """
-    if step in self._manager.all_steps():
+    if step in self._manager.all_steps() or not (force or step % self.save_every == 0):
       return False
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               meta=ocp.args.JsonSave(dict(meta or {})))
-    return self._manager.save(step, args=args, force=force)
+    # The period is decided here (orbax's default policy would also save the first step).
+    return self._manager.save(step, args=args, force=True)
 
   def restore(self, abstract_state: Any, *, step: Optional[int] = None) -> tuple[Any, dict]:
     """Restores a checkpoint onto the shardings of `abstract_state`.

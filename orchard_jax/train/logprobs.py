@@ -64,7 +64,6 @@ def chunked_token_logprobs(logits_fn: Callable[[jax.Array], jax.Array], hidden: 
   h = h.reshape(batch, num_chunks, chunk, h.shape[-1]).swapaxes(0, 1)
   targets = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
 
-  @jax.checkpoint
   def one_chunk(h_chunk, t_chunk):
     logits = logits_fn(h_chunk).astype(jnp.float32)
     lse = jax.nn.logsumexp(logits, axis=-1)
@@ -76,7 +75,13 @@ def chunked_token_logprobs(logits_fn: Callable[[jax.Array], jax.Array], hidden: 
     entropy = lse - jnp.sum(probs * logits, axis=-1)
     return logp, entropy
 
-  logp, entropy = jax.lax.map(lambda xs: one_chunk(*xs), (h, targets))
+  if num_chunks == 1:
+    logp, entropy = one_chunk(h[0], targets[0])
+    logp, entropy = logp[None], entropy[None]
+  else:
+    # Rematerialised: the backward pass recomputes each chunk's logits instead of keeping
+    # every chunk's [batch, chunk, vocab] residuals alive at once.
+    logp, entropy = jax.lax.map(lambda xs: jax.checkpoint(one_chunk)(*xs), (h, targets))
   valid = (segment_ids > 0) & ~segment_starts(segment_ids)
 
   def unchunk(x):

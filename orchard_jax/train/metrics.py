@@ -3,7 +3,7 @@
 Layout under the run's directory:
   metrics.jsonl      {"step": int, "time": unix seconds, "<name>": value, ...} per logged step;
                      a resumed run appends {"event": "resume", "step": N} and continues, so a
-                     step can appear twice (the later record is the one that counted).
+                     step can appear twice (read_metrics keeps the one that counted).
   tensorboard/       event files (`tensorboard --logdir <run dir>/tensorboard`); a resumed run
                      purges events after the resume step, so curves do not double back.
 Scalars go to both; arrays (e.g. expert load [layers, experts]) go to JSONL as nested lists and
@@ -51,7 +51,10 @@ class MetricsWriter:
     if tensorboard:
       from tensorboardX import SummaryWriter
       self._tb = SummaryWriter(os.path.join(directory, "tensorboard"),
-                               purge_step=start_step + 1 if start_step > 0 else None, flush_secs=10)
+                               purge_step=start_step + 1 if start_step > 0 else None, flush_secs=10,
+                               # event file names carry whole seconds: a writer opened within
+                               # the same second (a quick resume) must not reuse the old file.
+                               filename_suffix=f".{os.getpid()}.{start_step}.{time.time_ns()}")
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
     """Records `metrics` for `step` (values: Python or NumPy/JAX scalars or arrays)."""
@@ -99,8 +102,11 @@ class MetricsWriter:
 
 
 def read_metrics(directory: str) -> list[dict]:
-  """The per-step records of a run's metrics.jsonl, resolved across resumes: for each step the
-  last record written, in step order. A torn last line (a killed run) is skipped."""
+  """The per-step records of a run's metrics.jsonl, resolved across resumes, in step order.
+
+  Records of one step (train metrics, then eval metrics) are merged; a resume marker discards
+  what the interrupted run logged after the checkpoint it resumed from. A torn last line (a
+  killed run) is skipped."""
   path = os.path.join(directory, "metrics.jsonl")
   by_step: dict[int, dict] = {}
   with open(path) as f:
@@ -113,7 +119,7 @@ def read_metrics(directory: str) -> list[dict]:
         if record["event"] == "resume":
           by_step = {s: r for s, r in by_step.items() if s <= record["step"]}
         continue
-      by_step[record["step"]] = record
+      by_step.setdefault(record["step"], {}).update(record)
   return [by_step[s] for s in sorted(by_step)]
 
 
