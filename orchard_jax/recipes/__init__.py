@@ -10,6 +10,7 @@ from ml_collections import ConfigDict
 
 # job name -> "module:function" inside orchard_jax.recipes. One line per job.
 JOBS = {
+    "lm.sft": "lm:sft",
     "swe.build_tasks": "swe:build_tasks",
     "swe.evaluate": "swe:evaluate",
 }
