@@ -11,36 +11,12 @@ import os
 import zlib
 from typing import Any
 
-import jax
 import numpy as np
 from absl import logging
 from flax import nnx
-from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
-from orchard_jax import data, models, train
-
-MESH_AXES = ("data", "fsdp", "tensor", "expert")
-
-
-def make_mesh(mesh_config: ConfigDict) -> Mesh:
-  """A mesh over all local devices with axes ("data", "fsdp", "tensor", "expert"); one axis
-  may be -1 (takes the remaining devices)."""
-  devices = np.asarray(jax.devices())
-  sizes = [int(mesh_config.get(axis, 1)) for axis in MESH_AXES]
-  if sizes.count(-1) > 1:
-    raise train.TrainError(f"at most one mesh axis may be -1; saw {dict(zip(MESH_AXES, sizes))}")
-  known = int(np.prod([s for s in sizes if s != -1]))
-  if -1 in sizes:
-    if devices.size % known:
-      raise train.TrainError(f"{devices.size} devices do not split over mesh axes "
-                             f"{dict(zip(MESH_AXES, sizes))}")
-    sizes[sizes.index(-1)] = devices.size // known
-  if int(np.prod(sizes)) != devices.size:
-    raise train.TrainError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {int(np.prod(sizes))} "
-                           f"devices; this process has {devices.size}")
-  return Mesh(devices.reshape(sizes), MESH_AXES)
-
+from orchard_jax import data, models, parallel, train
 
 def split_heldout(texts: list[str], heldout_fraction: float) -> tuple[list[str], list[str]]:
   """Deterministic file-level split: a file is held out when crc32(text) falls in the fraction."""
@@ -111,7 +87,7 @@ def sft(config: ConfigDict) -> dict[str, Any]:
   train_texts, heldout_texts = split_heldout(texts, dc.heldout_fraction)
   end_id = tokenizer.token_to_id("<|endoftext|>")
   end_id = tokenizer.eos_id if end_id is None else end_id
-  mesh = make_mesh(config.mesh)
+  mesh = parallel.make_mesh(config.mesh)
   dp = train.data_parallel_size(mesh)
   packs = {}
   for name, split in (("train", train_texts), ("heldout", heldout_texts)):
@@ -128,8 +104,8 @@ def sft(config: ConfigDict) -> dict[str, Any]:
                len(train_batches), len(heldout_texts), unigram)
 
   model_config = _model_config(config, tokenizer.vocab_size)
-  with jax.set_mesh(mesh):
-    model = models.CausalLM(model_config, rngs=nnx.Rngs(config.train.seed))
+  model = parallel.create_sharded(
+      lambda: models.CausalLM(model_config, rngs=nnx.Rngs(config.train.seed)), mesh)
   tc = config.train
   optimizer = train.OptimizerConfig(total_steps=tc.total_steps, **dict(config.optimizer))
   trainer_config = train.TrainerConfig(

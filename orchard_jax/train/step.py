@@ -17,22 +17,18 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from orchard_jax import parallel
 from orchard_jax.train.errors import TrainError
 
 BATCH_AXES = ("data", "fsdp", "expert")
 
 
 def batch_partition_spec(mesh: Mesh, shape: tuple[int, ...]) -> PartitionSpec:
-  """How a [batch, seq] array is laid out: batch over every data-like mesh axis that divides it."""
-  axes = []
-  size = 1
-  for axis in BATCH_AXES:
-    n = dict(mesh.shape).get(axis, 1)
-    if n > 1 and shape[0] % (size * n) == 0:
-      axes.append(axis)
-      size *= n
-  first = None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
-  return PartitionSpec(first, *([None] * (len(shape) - 1)))
+  """How a [batch, seq, ...] batch array is laid out: the logical "batch" axis under the current
+  rules (data, fsdp, expert by default), dropping mesh axes that do not divide it."""
+  logical = ("batch", "seq") + (None,) * (len(shape) - 2)
+  return parallel.logical_to_spec(logical[:len(shape)], mesh_shape=dict(mesh.shape),
+                                  shape=shape)
 
 
 def data_parallel_size(mesh: Mesh) -> int:
@@ -59,6 +55,11 @@ class ModelParts:
   def pure_params(self) -> dict:
     return nnx.to_pure_dict(self.param_template)
 
+  def param_shardings(self, mesh: Mesh) -> dict:
+    """NamedShardings of the params on `mesh`, from each Param's logical axis names (so the
+    layout follows the mesh, whatever devices the params live on now)."""
+    return nnx.to_pure_dict(parallel.state_shardings(self.param_template, mesh))
+
   def merge(self, params: dict):
     """A model module whose Params hold `params` (usable inside jit and grad)."""
     state = jax.tree.map(lambda x: x, self.param_template)
@@ -66,22 +67,19 @@ class ModelParts:
     return nnx.merge(self.graphdef, state, self.rest)
 
 
-def param_shardings(params: dict, mesh: Mesh) -> dict:
-  """Each param's current NamedSharding (kept), or replicated on `mesh` when it has none."""
-  replicated = NamedSharding(mesh, PartitionSpec())
-
-  def pick(x):
-    sharding = getattr(x, "sharding", None)
-    if isinstance(sharding, NamedSharding) and sharding.mesh == mesh:
-      return sharding
-    return replicated
-  return jax.tree.map(pick, params)
-
-
 def state_shardings(optimizer: optax.GradientTransformation, params: dict, mesh: Mesh,
                     shardings: Optional[dict] = None) -> dict:
-  """Shardings of the whole train state: optimiser moments follow their params."""
-  shardings = param_shardings(params, mesh) if shardings is None else shardings
+  """Shardings of the whole train state: optimiser moments follow their params.
+
+  Args:
+    optimizer: the optax transformation.
+    params: the params pytree (arrays or ShapeDtypeStructs).
+    mesh: the mesh.
+    shardings: the params' shardings (ModelParts.param_shardings); default replicated.
+  """
+  replicated = NamedSharding(mesh, PartitionSpec())
+  if shardings is None:
+    shardings = jax.tree.map(lambda _: replicated, params)
   replicated = NamedSharding(mesh, PartitionSpec())
   abstract_opt = jax.eval_shape(optimizer.init, params)
   opt_shardings = optax.tree_utils.tree_map_params(
@@ -97,6 +95,7 @@ def init_train_state(optimizer: optax.GradientTransformation, params: dict, *, s
   def init(params):
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": optimizer.init(params), "rng": jax.random.PRNGKey(seed)}
+  params = jax.device_put(params, shardings["params"])
   return jax.jit(init, out_shardings=shardings)(params)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh, NamedSharding
 
+from orchard_jax import parallel
 from orchard_jax.train import checkpoint as ckpt
 from orchard_jax.train import step as step_lib
 from orchard_jax.train.errors import TrainError
@@ -72,7 +73,9 @@ class Trainer:
     model: an nnx module (CausalLM or ValueModel), params already laid out on `mesh`.
     loss: SFTLoss, PolicyLoss or ValueLoss.
     config: TrainerConfig.
-    mesh: the device mesh (default: all devices on a "data" axis).
+    mesh: the device mesh (parallel.make_mesh; default: all devices data-parallel). Params are
+      laid out by their logical axis names under the current rules, whatever devices they
+      live on when passed in.
   On entry the latest checkpoint in workdir/checkpoints is restored if there is one.
   """
 
@@ -81,13 +84,14 @@ class Trainer:
       raise TrainError(f"total_steps must be >= 1; saw {config.total_steps}")
     self.config = config
     self.loss = loss
-    self.mesh = mesh if mesh is not None else Mesh(np.asarray(jax.devices()), ("data",))
+    self.mesh = mesh if mesh is not None else parallel.make_mesh({"data": -1})
     self.parts = step_lib.ModelParts.of(model)
     opt_config = config.optimizer
     self.schedule = learning_rate_schedule(opt_config)
     self.optimizer = make_optimizer(opt_config)
     params = self.parts.pure_params()
-    self.shardings = step_lib.state_shardings(self.optimizer, params, self.mesh)
+    self.shardings = step_lib.state_shardings(self.optimizer, params, self.mesh,
+                                              self.parts.param_shardings(self.mesh))
     self._abstract_state = jax.eval_shape(
         lambda p: {"step": jax.numpy.zeros((), jax.numpy.int32), "params": p,
                    "opt_state": self.optimizer.init(p), "rng": jax.random.PRNGKey(0)}, params)

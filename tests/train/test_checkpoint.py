@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from orchard_jax import models, train
 from tests.train.conftest import mesh_of, small_config
@@ -44,12 +44,13 @@ def _trainer(workdir, cfg, mesh):
 def test_restore_written_on_8_devices_onto_4_and_1(tmp_path):
   cfg = small_config()
   mesh8 = mesh_of(8, "fsdp")
-  # lay the embedding out over all 8 devices, as FSDP would
   with _trainer(tmp_path, cfg, mesh8) as trainer:
-    params = trainer.state["params"]
-    sharded = NamedSharding(mesh8, PartitionSpec("fsdp", None))
-    params["model"]["embed_tokens"] = jax.device_put(params["model"]["embed_tokens"], sharded)
-    trainer.state["params"] = jax.tree.map(lambda x: x + 0.5, params)
+    # FSDP: the "embed" dimension of every matrix is split over the 8 devices
+    embed = trainer.state["params"]["model"]["embed_tokens"]
+    assert embed.sharding.spec == PartitionSpec(None, "fsdp")
+    assert len(embed.addressable_shards) == 8 and embed.addressable_shards[0].data.shape == (
+        cfg.vocab_size, cfg.hidden_size // 8)
+    trainer.state["params"] = jax.tree.map(lambda x: x + 0.5, trainer.state["params"])
     saved = jax.device_get(trainer.state)
     trainer.save()
   for devices in (4, 1):
@@ -59,6 +60,7 @@ def test_restore_written_on_8_devices_onto_4_and_1(tmp_path):
       restored = trainer.state
       leaf = restored["params"]["model"]["embed_tokens"]
       assert set(leaf.sharding.device_set) == set(mesh.devices.flat)
+      assert len(leaf.addressable_shards) == devices
       jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), saved)
 
 

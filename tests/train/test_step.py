@@ -32,7 +32,7 @@ def _setup(cfg, loss, mesh, microbatches=1, coef=0.01, lr=1e-2):
                                      schedule="constant", eps=1.0)
   optimizer = train.make_optimizer(opt_config)
   params = parts.pure_params()
-  shardings = train.state_shardings(optimizer, params, mesh)
+  shardings = train.state_shardings(optimizer, params, mesh, parts.param_shardings(mesh))
   state = train.init_train_state(optimizer, params, seed=0, shardings=shardings)
   step = train.build_train_step(parts, loss, optimizer, train.learning_rate_schedule(opt_config),
                                 mesh=mesh, shardings=shardings, microbatches=microbatches,
