@@ -21,7 +21,7 @@ def server(engine):
     yield running
 
 
-def test_generate_native_api(server, tokenizer):
+def test_generate_native_api(server, engine, tokenizer):
   with SGLangClient(server.url) as client:
     out = client.generate(input_ids=[5, 6, 7], return_logprob=True, top_logprobs_num=3,
                           sampling_params={"max_new_tokens": 6, "temperature": 0,
@@ -48,7 +48,7 @@ def test_generate_native_api(server, tokenizer):
     np.testing.assert_allclose(scores[3:], [e[0] for e in out.meta_info.output_token_logprobs],
                                atol=1e-4)
     info = client.model_info()
-    assert info.model_path == "small-test" and info.model_extra["compile_count"] > 0
+    assert info.model_path == engine.model_path and info.model_extra["compile_count"] > 0
     assert all(client.health().values())
 
 
