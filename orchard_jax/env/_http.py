@@ -15,6 +15,7 @@ import httpx
 from orchard_jax.env.errors import EnvError, ServiceUnavailable, error_from_body
 
 API_KEY_ENV = "ORCHARD_ENV_API_KEY"
+CLIENT_LABEL = "sdk-client"   # label naming the SDK client that created a sandbox
 URL_ENV = "ORCHARD_ENV_URL"
 
 

@@ -76,6 +76,8 @@ class CreateSandbox(_Model):
   labels: dict[str, str] = {}
   workdir: Optional[str] = None
   wait: bool = pydantic.Field(False, description="answer only once the sandbox is ready")
+  wait_timeout: Optional[float] = pydantic.Field(
+      None, gt=0, description="with wait: answer after this many seconds even if still pending")
 
   @pydantic.field_validator("cpu")
   @classmethod

@@ -204,7 +204,8 @@ def build_app(manager: SandboxManager, api_keys, *, public_url: Optional[str] = 
 
   @v1.post("/sandboxes/{sandbox_id}/exec")
   async def exec_(sandbox_id: str, body: _api.Exec):
-    return await manager.exec(sandbox_id, body)
+    # Records are plain JSON already: answer without FastAPI's generic encoder (hot path).
+    return responses.JSONResponse(await manager.exec(sandbox_id, body))
 
   @v1.get("/sandboxes/{sandbox_id}/jobs")
   async def list_jobs(sandbox_id: str):
@@ -217,7 +218,7 @@ def build_app(manager: SandboxManager, api_keys, *, public_url: Optional[str] = 
   @v1.post("/sandboxes/{sandbox_id}/jobs/{job_id}/wait")
   async def wait_job(sandbox_id: str, job_id: str,
                      timeout: float = fastapi.Query(60, ge=0, le=600)):
-    return await manager.wait_job(sandbox_id, job_id, timeout)
+    return responses.JSONResponse(await manager.wait_job(sandbox_id, job_id, timeout))
 
   @v1.post("/sandboxes/{sandbox_id}/jobs/{job_id}/cancel")
   async def cancel_job(sandbox_id: str, job_id: str):
@@ -280,7 +281,11 @@ def build_app(manager: SandboxManager, api_keys, *, public_url: Optional[str] = 
     spec = manager.job_spec(record, _api.Exec(command=[shell] if shell else ["/bin/sh", "-c",
                             "exec $(command -v bash || echo /bin/sh) -i"]))
     spec.env["TERM"] = "xterm-256color"
-    session = await manager.backend.open_pty(sandbox_id, record["ref"], spec)
+    try:
+      session = await manager.backend.open_pty(sandbox_id, record["ref"], spec)
+    except (NotImplementedError, EnvError) as e:
+      await websocket.close(code=4501, reason=str(e)[:120])
+      return
     await session.resize(rows, cols)
     await websocket.accept()
 

@@ -9,6 +9,7 @@ sandbox it created.
 """
 import asyncio
 import os
+import secrets
 import time
 from typing import Optional, Union
 
@@ -28,7 +29,7 @@ class AsyncSandboxClient:
 
   def __init__(self, url: Optional[str] = None, api_key: Optional[str] = None, *,
                timeout: float = 60.0, retry: _http.RetryPolicy = _http.RetryPolicy(),
-               max_connections: int = 256):
+               max_connections: int = 64):
     self.url, self.api_key = _http.resolve(url, api_key)
     self.timeout = timeout
     self.retry = retry
@@ -37,6 +38,11 @@ class AsyncSandboxClient:
         limits=httpx.Limits(max_connections=max_connections,
                             max_keepalive_connections=max_connections))
     self._owned = {}
+    self.client_id = secrets.token_hex(8)   # label of every sandbox this client creates
+    self._created_any = False
+    # httpcore's pool scans every queued request against every connection, so requests wait
+    # here instead (a 1,000-sandbox fan-out stays linear).
+    self._in_flight = asyncio.Semaphore(max_connections)
 
   async def request(self, method: str, path: str, *, idempotent: bool = False,
                     timeout: Optional[float] = None, **kwargs) -> httpx.Response:
@@ -45,8 +51,9 @@ class AsyncSandboxClient:
     for attempt in range(self.retry.attempts):
       response = exc = None
       try:
-        response = await self._http.request(method, path, timeout=timeout or self.timeout,
-                                            **kwargs)
+        async with self._in_flight:
+          response = await self._http.request(method, path, timeout=timeout or self.timeout,
+                                              **kwargs)
       except httpx.TransportError as e:
         exc = e
       if not _http.should_retry(exc, response, idempotent) or attempt == self.retry.attempts - 1:
@@ -70,12 +77,16 @@ class AsyncSandboxClient:
                            workdir: Optional[str] = None, wait: bool = True,
                            wait_timeout: float = 300.0) -> "AsyncSandbox":
     """Creates a sandbox; see SandboxClient.create_sandbox."""
+    labels = dict(labels or {}, **{_http.CLIENT_LABEL: self.client_id})
+    self._created_any = True
     body = _http.create_body(image, cpu, memory, disk, pids, timeout, heartbeat_timeout,
                              network, env, labels, workdir)
-    info = await self._json("POST", "/v1/sandboxes", json=body)
+    if wait:   # the service waits up to _POLL_SECONDS in the same request
+      body.update(wait=True, wait_timeout=min(_POLL_SECONDS, wait_timeout))
+    info = await self._json("POST", "/v1/sandboxes", json=body, timeout=_POLL_SECONDS + _HTTP_MARGIN)
     box = AsyncSandbox(self, info, owned=True)
     self._owned[box.id] = box
-    if wait:
+    if wait and box.state != "ready":
       try:
         await box.wait_ready(wait_timeout)
       except BaseException:
@@ -100,16 +111,24 @@ class AsyncSandboxClient:
 
   async def aclose(self) -> None:
     """Deletes the sandboxes this client created (concurrently) and closes connections."""
-    owned = list(self._owned.values())
+    ids = set(self._owned)
     self._owned.clear()
+    listing_error = None
+    if self._created_any:
+      try:   # creations interrupted before their answer carry our label too
+        ids |= {s["id"] for s in await self.list_sandboxes({_http.CLIENT_LABEL: self.client_id})}
+      except EnvError as e:
+        listing_error = e
 
-    async def _delete(box):
+    async def _delete(sandbox_id):
       try:
-        await self.request("DELETE", f"/v1/sandboxes/{box.id}", idempotent=True)
+        await self.request("DELETE", f"/v1/sandboxes/{sandbox_id}", idempotent=True)
       except NotFound:
         pass
-    results = await asyncio.shield(asyncio.gather(*[_delete(b) for b in owned],
+    results = await asyncio.shield(asyncio.gather(*[_delete(i) for i in sorted(ids)],
                                                   return_exceptions=True))
+    if listing_error is not None:
+      results.append(listing_error)
     await self._http.aclose()
     errors = [r for r in results if isinstance(r, EnvError)]
     if errors:

@@ -12,6 +12,7 @@ also on an exception or Ctrl-C); a Sandbox used as a context manager deletes its
 import contextlib
 import signal
 import threading
+import secrets
 import time
 from typing import Optional, Union
 
@@ -59,6 +60,8 @@ class SandboxClient:
     self._http = httpx.Client(base_url=self.url, headers={"X-API-Key": self.api_key},
                               timeout=timeout, limits=httpx.Limits(max_keepalive_connections=32))
     self._owned = {}
+    self.client_id = secrets.token_hex(8)   # label of every sandbox this client creates
+    self._created_any = False
     self._lock = threading.Lock()
 
   # ------------------------------------------------------------------ plumbing
@@ -106,13 +109,17 @@ class SandboxClient:
     Raises:
       ImageError, ImageNotAllowed, LimitNotEnforceable, CapacityError, SandboxFailed.
     """
+    labels = dict(labels or {}, **{_http.CLIENT_LABEL: self.client_id})
+    self._created_any = True
     body = _http.create_body(image, cpu, memory, disk, pids, timeout, heartbeat_timeout,
                              network, env, labels, workdir)
-    info = self._json("POST", "/v1/sandboxes", json=body)
+    if wait:   # the service waits up to _POLL_SECONDS in the same request
+      body.update(wait=True, wait_timeout=min(_POLL_SECONDS, wait_timeout))
+    info = self._json("POST", "/v1/sandboxes", json=body, timeout=_POLL_SECONDS + _HTTP_MARGIN)
     box = Sandbox(self, info, owned=True)
     with self._lock:
       self._owned[box.id] = box
-    if wait:
+    if wait and box.state != "ready":
       try:
         box.wait_ready(wait_timeout)
       except BaseException:
@@ -153,12 +160,17 @@ class SandboxClient:
     """Deletes the sandboxes this client created and closes its connections."""
     with _no_interrupts():
       with self._lock:
-        owned = list(self._owned.values())
+        ids = set(self._owned)
         self._owned.clear()
       errors = []
-      for box in owned:
+      if self._created_any:
+        try:   # creations interrupted before their answer carry our label too
+          ids |= {s["id"] for s in self.list_sandboxes({_http.CLIENT_LABEL: self.client_id})}
+        except EnvError as e:
+          errors.append(e)
+      for sandbox_id in sorted(ids):
         try:
-          self.request("DELETE", f"/v1/sandboxes/{box.id}", idempotent=True)
+          self.request("DELETE", f"/v1/sandboxes/{sandbox_id}", idempotent=True)
         except NotFound:
           pass
         except EnvError as e:

@@ -190,7 +190,8 @@ class SandboxManager:
     self.counters["created"] += 1
     self._spawn(self._bring_up(sandbox_id, spec))
     if request.wait:
-      return await self.wait_ready(sandbox_id, self.config.pending_timeout)
+      return await self.wait_ready(sandbox_id, min(request.wait_timeout or self.config.pending_timeout,
+                                                   self.config.pending_timeout))
     return public_sandbox(record)
 
   async def _bring_up(self, sandbox_id: str, spec: SandboxSpec) -> None:

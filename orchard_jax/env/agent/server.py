@@ -224,6 +224,75 @@ def build_app(token: str, workdir: str = "/") -> fastapi.FastAPI:
         pass
     return out
 
+  @app.websocket("/pty")
+  async def pty(websocket: fastapi.WebSocket, rows: int = 24, cols: int = 80):
+    """A shell on a pseudo-terminal: binary frames carry bytes both ways; text frames are JSON
+    {"type": "resize", "rows", "cols"}. Authenticated like the other routes."""
+    given = websocket.headers.get("authorization") or ""
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+      await websocket.close(code=4401)
+      return
+    import fcntl
+    import json
+    import struct
+    import termios
+    master, slave = os.openpty()
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+    env = dict(base_env, TERM="xterm-256color")
+    process = subprocess.Popen([shell, "-i"], stdin=slave, stdout=slave, stderr=slave,
+                               cwd=workdir, env=env, start_new_session=True,
+                               preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    os.close(slave)
+    _OURS.add(process.pid)
+    child = _Child(process)
+    await websocket.accept()
+    loop = asyncio.get_running_loop()
+    os.set_blocking(master, False)
+    readable = asyncio.Event()
+    loop.add_reader(master, readable.set)
+
+    async def pump_out():
+      while True:
+        await readable.wait()
+        readable.clear()
+        try:
+          data = os.read(master, 65536)
+        except BlockingIOError:
+          continue
+        except OSError:
+          return
+        if not data:
+          return
+        await websocket.send_bytes(data)
+
+    async def pump_in():
+      while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+          return
+        if message.get("bytes"):
+          os.write(master, message["bytes"])
+        elif message.get("text"):
+          control = json.loads(message["text"])
+          if control.get("type") == "resize":
+            fcntl.ioctl(master, termios.TIOCSWINSZ,
+                        struct.pack("HHHH", int(control["rows"]), int(control["cols"]), 0, 0))
+    tasks = [asyncio.ensure_future(pump_out()), asyncio.ensure_future(pump_in())]
+    try:
+      await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+      for task in tasks:
+        task.cancel()
+      loop.remove_reader(master)
+      await child.kill_tree()
+      os.close(master)
+      _OURS.discard(process.pid)
+      try:
+        await websocket.close()
+      except Exception:  # noqa: BLE001 - already closed by the client
+        pass
+
   app.include_router(router)
   if os.getpid() == 1:
     signal.signal(signal.SIGCHLD, lambda *_: _reap_orphans())

@@ -202,22 +202,24 @@ class CgroupManager:
           os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
           pass
-      time.sleep(0.01)
+      time.sleep(0.002)
 
   def remove(self, sandbox_id: str) -> None:
     """Kills what is left in the sandbox's groups and removes them."""
     self.kill_all(sandbox_id)
     for path in set(self._dirs(sandbox_id).values()):
-      for _ in range(50):
+      deadline = time.monotonic() + 5
+      while True:
         try:
           os.rmdir(path)
           break
         except FileNotFoundError:
           break
         except OSError:   # EBUSY while the last processes exit
-          time.sleep(0.02)
-      else:
-        _log.warning("could not remove cgroup %s", path)
+          if time.monotonic() > deadline:
+            _log.warning("could not remove cgroup %s", path)
+            break
+          time.sleep(0.002)
 
   def list(self) -> set:
     """Sandbox ids that have a group in any hierarchy (including leftovers of a killed run)."""

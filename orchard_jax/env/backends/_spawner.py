@@ -455,6 +455,23 @@ class _InPlace:
     finally:
       self._return(req, entered)
 
+  def own(self, req, fds):
+    """Chowns folders of the sandbox (its workspace) to the sandbox user, in place."""
+    flags = req["ns_flags"] & self._FLAGS["mnt"]
+    entered = False
+    try:
+      if flags:
+        _setns(fds["pidfd"], flags)
+        entered = True
+      creds = req["creds"]
+      for path in req["paths"]:
+        os.chown(path, creds["uid"], creds["gid"])
+      _write_json(fds["reply"], {"ok": True})
+    except OSError as e:
+      _write_json(fds["reply"], {"ok": False, "errno": e.errno, "error": str(e)})
+    finally:
+      self._return(dict(req, ns_flags=flags), entered)
+
   def _return(self, req, entered):
     try:
       os.setresuid(0, 0, 0)
@@ -506,6 +523,11 @@ def main():
           else:
             fds[name] = fd
         fds["extra"] = extra
+        if in_place is not None and req["op"] == "own" and not req["ns_flags"] & _CLONE_NEWUSER:
+          in_place.own(req, fds)
+          for fd in fdlist:
+            os.close(fd)
+          continue
         if (in_place is not None and req["op"] == "spawn" and req.get("mode") == "enter"
             and not req.get("tty") and not req["ns_flags"] & _CLONE_NEWUSER):
           try:

@@ -24,7 +24,7 @@ import httpx
 from orchard_jax.env import images as _images
 from orchard_jax.env import jobs as _jobs
 from orchard_jax.env.backends import k8s_manifests as _m
-from orchard_jax.env.backends.base import Backend, SandboxSpec
+from orchard_jax.env.backends.base import Backend, PtySession, SandboxSpec
 from orchard_jax.env.errors import (BackendUnavailable, FileOperationError, ImageError,
                                     LimitNotEnforceable, SandboxFailed, SandboxFileNotFound)
 
@@ -329,12 +329,46 @@ class KubernetesBackend(Backend):
     _raise_agent(response, "read stats")
     return response.json()
 
+  async def open_pty(self, sandbox_id, ref, spec):
+    from websockets.asyncio.client import connect
+    url = f"ws://{ref['ip']}:{ref['port']}/pty"
+    try:
+      ws = await connect(url, additional_headers={"Authorization": f"Bearer {ref['token']}"},
+                         max_size=None, ping_interval=None)
+    except (OSError, Exception) as e:  # noqa: BLE001 - any handshake failure
+      raise SandboxFailed(f"cannot open a terminal in pod {ref['pod']}: {e!r}") from None
+    return _AgentPty(ws)
+
   async def open_port(self, sandbox_id, ref, port):
     try:
       return await asyncio.wait_for(asyncio.open_connection(ref["ip"], port), 10)
     except (OSError, asyncio.TimeoutError) as e:
       raise FileOperationError(f"nothing accepts connections on port {port} of pod "
                                f"{ref['pod']}: {e!r}") from None
+
+
+class _AgentPty(PtySession):
+  """A terminal served by the pod's agent over a WebSocket."""
+
+  def __init__(self, ws):
+    self.ws = ws
+
+  async def read(self) -> bytes:
+    try:
+      message = await self.ws.recv()
+    except Exception:  # noqa: BLE001 - closed: the shell has exited
+      return b""
+    return message if isinstance(message, bytes) else message.encode()
+
+  async def write(self, data: bytes) -> None:
+    await self.ws.send(data)
+
+  async def resize(self, rows: int, cols: int) -> None:
+    import json
+    await self.ws.send(json.dumps({"type": "resize", "rows": rows, "cols": cols}))
+
+  async def close(self) -> None:
+    await self.ws.close()
 
 
 def _raise_agent(response: httpx.Response, what: str) -> None:
