@@ -463,7 +463,8 @@ def run_expert(instance, variant: str, *, sandbox_factory: Callable[..., Context
     seed: varies wording and the wrong edit.
 
   Raises:
-    HarnessError: the variant does not apply to this instance, or the workspace setup failed.
+    HarnessError: the variant does not apply to this instance (including a "wrong" edit that
+      turned out to fix the reproduction), or the workspace setup failed.
   """
   from orchard_jax.tasks.swe.testbed import setup_script
   workdir = instance.test_spec.workdir if instance.test_spec else config.workdir
@@ -481,6 +482,12 @@ def run_expert(instance, variant: str, *, sandbox_factory: Callable[..., Context
     result = agent.run(instance.problem_statement)
   kinds = [s.kind for s in steps]
   evidence, flips = _evidence(result, kinds)
+  if variant in ("detour", "wrong_fix"):
+    after_wrong = [e for e in evidence if e["kind"] == "verify"][:1]
+    if after_wrong and after_wrong[0]["reproduction_passed"]:
+      # The "wrong" edit happened to fix the reproduction: the story would be false.
+      raise HarnessError(f"{instance.instance_id}: the wrong edit of {variant!r} made the "
+                         f"reproduction pass; variant not applicable")
   evaluation = None
   if evaluate is not None and result.exit_status == EXIT_SUBMITTED:
     evaluation = evaluate(instance, result.submission)
