@@ -111,12 +111,16 @@ class SandboxManager:
     if self._reaper is not None:
       self._reaper.cancel()
     # With a shared store the other replicas keep serving these sandboxes.
-    for record in [] if self.store.shared else await self.store.list(_store.SANDBOX):
-      if record["state"] != DELETED:
+    records = [] if self.store.shared else await self.store.list(_store.SANDBOX)
+    gate = asyncio.Semaphore(64)
+
+    async def _delete(record):
+      async with gate:
         try:
           await self.delete(record["id"], reason="service stopped")
         except EnvError as e:
           _log.warning("deleting %s at shutdown failed: %s", record["id"], e)
+    await asyncio.gather(*[_delete(r) for r in records if r["state"] != DELETED])
     for task in list(self._tasks):
       task.cancel()
     await self.backend.stop()
