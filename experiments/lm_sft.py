@@ -20,13 +20,13 @@ def get_config(preset="tiny"):
       tokenizer="tiny",            # data.load_tokenizer: "tiny" or a Hugging Face folder
       max_chars_per_file=20_000,   # characters kept from each standard-library file
       heldout_fraction=0.05,       # of files, chosen by a hash of their text
-      seq_len=256, batch_size=16, eval_batches=8, seed=0))
+      seq_len=256, batch_size=8, eval_batches=4, seed=0))
   config.train = ml_collections.ConfigDict(dict(
-      total_steps=300, microbatches=1, chunk_size=256,
+      total_steps=120, microbatches=1, chunk_size=256,
       load_balancing_coef=0.001,   # -1: the model config's router_aux_loss_coef
-      save_every=100, keep_checkpoints=3, async_checkpoints=True,
-      eval_every=50, log_every=1, seed=0, tensorboard=True, progress=True))
+      save_every=40, keep_checkpoints=3, async_checkpoints=True,
+      eval_every=40, log_every=1, seed=0, tensorboard=True, progress=True))
   config.optimizer = ml_collections.ConfigDict(dict(
-      learning_rate=3e-3, end_learning_rate=3e-4, warmup_steps=20, schedule="cosine",
+      learning_rate=3e-3, end_learning_rate=3e-4, warmup_steps=10, schedule="cosine",
       weight_decay=0.1, b1=0.9, b2=0.95, eps=1e-8, max_grad_norm=1.0))
   return config

@@ -207,8 +207,8 @@ class ValueLoss:
 
   def __call__(self, model, batch: Batch, normalizer) -> tuple[jax.Array, dict, dict]:
     _require(batch, self.keys, "ValueLoss")
-    out = model(batch["input_ids"], batch["positions"], batch["segment_ids"])
-    values, aux = out if isinstance(out, tuple) else (out, {})
+    values, aux = model(batch["input_ids"], batch["positions"], batch["segment_ids"],
+                        return_aux=True)
     loss, stats = rl.value_loss(values, batch["value_labels"], self._weights(batch),
                                 batch["segment_ids"], aggregation=self.aggregation,
                                 normalizer=normalizer)

@@ -128,7 +128,7 @@ def build_train_step(parts: ModelParts, loss: Any, optimizer: optax.GradientTran
     The step function. metrics holds "loss" (the objective without the load-balancing term),
     "total_loss", "grad_norm" (before clipping), "learning_rate", "tokens" (sum of loss weights),
     the loss's own metrics, and for MoE models "moe/load_balancing_loss" and
-    "moe/expert_load" [layers, experts].
+    "moe/expert_load" [layers, experts] with its max and min relative to a uniform load.
   """
   if microbatches < 1:
     raise TrainError(f"microbatches must be >= 1; saw {microbatches}")
@@ -167,8 +167,12 @@ def build_train_step(parts: ModelParts, loss: Any, optimizer: optax.GradientTran
                                         0).astype(jnp.float32)))
     if "load_balancing_loss" in aux:
       out["moe/load_balancing_loss"] = jnp.mean(aux["load_balancing_loss"])
-    if "expert_load" in aux:
-      out["moe/expert_load"] = jnp.mean(aux["expert_load"], axis=0)
+    if "expert_load" in aux and aux["expert_load"].size:
+      load = jnp.mean(aux["expert_load"], axis=0)      # [moe layers, experts], rows sum to 1
+      out["moe/expert_load"] = load
+      # 1.0 = perfectly balanced; the busiest / idlest expert's share relative to 1 / experts
+      out["moe/expert_load_max_over_mean"] = jnp.max(load) * load.shape[-1]
+      out["moe/expert_load_min_over_mean"] = jnp.min(load) * load.shape[-1]
     new_state = {"step": state["step"] + 1, "params": new_params, "opt_state": opt_state,
                  "rng": state["rng"]}
     return new_state, out

@@ -7,7 +7,7 @@ from flax import nnx
 
 from orchard_jax import models, train
 from tests.rl import reference
-from tests.train.conftest import mesh_of, packed_batch
+from tests.train.conftest import mesh_of, packed_batch, small_config
 
 
 def _numpy_logp(logits, batch):
@@ -106,3 +106,44 @@ def test_missing_batch_key_is_a_clear_error(small_cfg):
   _, state, step = _setup(small_cfg, train.PolicyLoss(), mesh_of(1))
   with pytest.raises(train.TrainError, match="old_logprobs"):
     step(state, batch)
+
+
+def test_value_loss_step_matches_numpy_bce(small_cfg):
+  batch = packed_batch(4)
+  batch["value_labels"] = (np.arange(8)[:, None] % 2 == 0).repeat(32, 1).astype(np.float32)
+  from orchard_jax.models.value import ValueModel
+  model = ValueModel(small_cfg, rngs=nnx.Rngs(0))
+  parts = train.ModelParts.of(model)
+  opt_config = train.OptimizerConfig(learning_rate=1e-3, warmup_steps=0, total_steps=10)
+  optimizer = train.make_optimizer(opt_config)
+  mesh = mesh_of(8)
+  params = parts.pure_params()
+  shardings = train.state_shardings(optimizer, params, mesh, parts.param_shardings(mesh))
+  state = train.init_train_state(optimizer, params, seed=0, shardings=shardings)
+  step = train.build_train_step(parts, train.ValueLoss(), optimizer,
+                                train.learning_rate_schedule(opt_config), mesh=mesh,
+                                shardings=shardings, donate=False)
+  values = np.asarray(nnx.jit(lambda m, *a: m(*a))(
+      model, batch["input_ids"], batch["positions"], batch["segment_ids"]), np.float64)
+  seg = batch["segment_ids"]
+  losses = []
+  for b in range(8):
+    for s in (1, 2):
+      last = np.nonzero(seg[b] == s)[0][-1]          # each trajectory's final token
+      y, p = batch["value_labels"][b, last], 1 / (1 + np.exp(-values[b, last]))
+      losses.append(-(y * np.log(p) + (1 - y) * np.log(1 - p)))
+  _, metrics = step(state, batch)
+  assert float(metrics["loss"]) == pytest.approx(np.mean(losses), rel=1e-4)
+
+
+def test_bfloat16_compute_keeps_float32_master_weights():
+  cfg = small_config(dtype="bfloat16", param_dtype="float32")
+  batch = packed_batch(5)
+  _, state, step = _setup(cfg, train.SFTLoss(chunk_size=16), mesh_of(1))
+  new_state, metrics = step(state, batch)
+  assert np.isfinite(float(metrics["loss"]))
+  dtypes = {x.dtype for x in jax.tree.leaves(new_state["params"])}
+  moments = {x.dtype for x in jax.tree.leaves(new_state["opt_state"]) if x.ndim > 0}
+  assert dtypes == {np.dtype("float32")} and moments == {np.dtype("float32")}
+  _, again = step(new_state, batch)
+  assert float(again["loss"]) < float(metrics["loss"])
