@@ -8,6 +8,9 @@ from typing import Callable, Optional
 
 # Suite name -> module under launch/benchmarks. One line per suite.
 SUITES = {
+    "train": "train",
+    "sampler": "sampler",
+    "proxy": "proxy",
     "env": "env",
 }
 
