@@ -196,3 +196,21 @@ def test_sdk_never_resends_a_command_whose_request_timed_out(flaky):
     client.request("POST", "/v1/sandboxes/sbx-1/exec", json={"command": "rm -rf x"}, timeout=0.1)
   time.sleep(0.6)
   assert script["requests"] == [("POST", "/v1/sandboxes/sbx-1/exec")]
+
+
+def test_a_dead_spawner_is_replaced_and_its_sandboxes_reported_dead(tmp_path):
+  backend = orchard_env.LocalBackend(state_dir=str(tmp_path / "state"))
+  config = orchard_env.ServiceConfig(reap_interval=0.1)
+  with orchard_env.Orchestrator(backend, config=config) as service, \
+       orchard_env.SandboxClient(service.url, service.api_key) as client:
+    box = client.create_sandbox()
+    backend._spawner.kill()          # a crash of the helper takes its sandboxes with it
+    backend._spawner.wait()
+    deadline = time.monotonic() + 10
+    while box.refresh()["state"] != "failed":
+      assert time.monotonic() < deadline
+      time.sleep(0.05)
+    assert "died" in box.info["error"]
+    with client.create_sandbox() as fresh:   # and the service keeps working
+      assert fresh.exec("echo again").stdout == "again\n"
+    assert client.health()["backend"]["spawner_alive"] is True

@@ -124,17 +124,20 @@ class LocalBackend(Backend):
       resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     root_name = "orchard-env-" + hashlib.sha1(self.state_dir.encode()).hexdigest()[:12]
     self._cgroups = _cgroups.CgroupManager(root_name)
-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    self._spawner = _popen_spawner(child)
-    child.close()
-    parent.setblocking(True)
-    self._sock = parent
+    self._start_spawner()
     probe = await self._probe()
     if probe:
       raise BackendUnavailable(f"bubblewrap cannot create a sandbox here: {probe}. "
                                + ("" if self.is_root else "Unprivileged use needs user "
                                   "namespaces (sysctl kernel.unprivileged_userns_clone=1 or "
                                   "an AppArmor profile allowing bwrap)."))
+
+  def _start_spawner(self):
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    self._spawner = _popen_spawner(child)
+    child.close()
+    parent.setblocking(True)
+    self._sock = parent
 
   async def _probe(self) -> Optional[str]:
     """Starts and removes one tiny sandbox; returns an error text, or None if it works."""
@@ -161,6 +164,7 @@ class LocalBackend(Backend):
   def describe(self) -> dict:
     available = self._cgroups.available if self._cgroups else {c: False for c in _cgroups.CONTROLLERS}
     return {"backend": self.name, "limits": dict(available, disk=True),
+            "spawner_alive": self._spawner is not None and self._spawner.poll() is None,
             "limit_problems": dict(self._cgroups.problems) if self._cgroups else {},
             "isolation": {"namespaces": ["pid", "mount", "ipc", "uts", "cgroup", "net"] +
                           (["user"] if self.user_namespace else []),
@@ -407,7 +411,17 @@ class LocalBackend(Backend):
   # ------------------------------------------------------------------ spawner protocol
   def _send(self, request: dict, fds: list) -> None:
     request = dict(request, fds=[name for name, _ in fds])
-    socket.send_fds(self._sock, [json.dumps(request).encode()], [fd for _, fd in fds])
+    message = [json.dumps(request).encode()]
+    try:
+      socket.send_fds(self._sock, message, [fd for _, fd in fds])
+    except OSError:
+      if self._spawner is None or self._spawner.poll() is None:
+        raise
+      # The spawner died (its sandboxes died with it): start a new one for what comes next.
+      _log.error("the spawner exited with %s; starting a new one", self._spawner.returncode)
+      self._sock.close()
+      self._start_spawner()
+      socket.send_fds(self._sock, message, [fd for _, fd in fds])
 
   def _spawn_in(self, box, spec: _jobs.JobSpec, stdin_fd, stdout_fd, stderr_fd, status_w):
     shell = None
