@@ -326,26 +326,28 @@ def params_to_hf(model: CausalLM) -> dict[str, np.ndarray]:
   """The model's parameters as transformers-named numpy arrays (per-expert layout)."""
   config = model.config
   flat = {tuple(p): np.asarray(jax.device_get(v[...]))
-          for p, v in nnx.state(model, nnx.Param).flat_state()}
+          for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
   out: dict[str, np.ndarray] = {}
   for rule in _layout(config):
     arr = flat[rule.path]
-    if rule.path[-1] in ("gate_proj",) and rule.path[-2] == "self_attn":
-      continue   # merged with q_proj below
-    if rule.path[-2:] == ("self_attn", "q_proj") and config.attention_output_gate:
-      gate = flat[rule.path[:-1] + ("gate_proj",)]
-      out[rule.names[0]] = _merge_gated_q(arr, gate)
+    owner, leaf = (rule.path[-2] if len(rule.path) > 1 else ""), rule.path[-1]
+    if owner == "self_attn" and leaf == "gate_proj":
+      continue                                   # written together with q_proj
+    if owner == "self_attn" and leaf == "q_proj" and config.attention_output_gate:
+      out[rule.names[0]] = np.ascontiguousarray(
+          _merge_gated_q(arr, flat[rule.path[:-1] + ("gate_proj",)]))
       continue
-    if rule.path[-2] == "linear_attn" and rule.path[-1] in ("q_proj", "k_proj", "v_proj"):
-      if rule.path[-1] == "q_proj":
+    if owner == "linear_attn" and leaf in ("q_proj", "k_proj", "v_proj"):
+      if leaf == "q_proj":                       # in_proj_qkv stacks q | k | v rows
         parts = [flat[rule.path[:-1] + (n,)] for n in ("q_proj", "k_proj", "v_proj")]
-        out[rule.names[0]] = np.concatenate([x.reshape(x.shape[0], -1) for x in parts], 1).T
+        out[rule.names[0]] = np.ascontiguousarray(
+            np.concatenate([x.reshape(x.shape[0], -1) for x in parts], 1).T)
       continue
-    if rule.path[-2] == "linear_attn" and rule.path[-1] in ("conv_q", "conv_k", "conv_v"):
-      if rule.path[-1] == "conv_q":
+    if owner == "linear_attn" and leaf in ("conv_q", "conv_k", "conv_v"):
+      if leaf == "conv_q":                       # conv1d.weight [channels, 1, kernel]
         parts = [flat[rule.path[:-1] + (n,)] for n in ("conv_q", "conv_k", "conv_v")]
-        w = np.concatenate([x.reshape(x.shape[0], -1) for x in parts], 1)   # [K, C]
-        out[rule.names[0]] = w.T[:, None, :]
+        w = np.concatenate([x.reshape(x.shape[0], -1) for x in parts], 1)
+        out[rule.names[0]] = np.ascontiguousarray(w.T[:, None, :])
       continue
     for name, tensor in zip(rule.names, rule.to_hf(arr)):
       out[name] = np.ascontiguousarray(tensor)
@@ -438,15 +440,20 @@ def load_params(model: CausalLM, source, *, mesh: Optional[jax.sharding.Mesh] = 
     raise CheckpointMismatch(f"checkpoint has {len(unexpected)} tensors the "
                              f"{config.architecture} model does not use, e.g. {unexpected[:3]}")
   state = nnx.state(model, nnx.Param)
-  flat = dict(state.flat_state())
+  flat = dict(nnx.to_flat_state(state))
   from orchard_jax.parallel.rules import logical_to_spec
   for rule in rules:
     var = flat[rule.path]
-    arr = rule.to_ours([reader.get(n) for n in rule.names])
-    if tuple(arr.shape) != tuple(var.shape):
+    tensors = [reader.get(n) for n in rule.names]
+    try:
+      arr = rule.to_ours(tensors)
+    except ValueError:            # a reshape that cannot work: the sizes disagree
+      arr = None
+    if arr is None or tuple(arr.shape) != tuple(var.shape):
+      seen = tuple(arr.shape) if arr is not None else f"from {tuple(tensors[0].shape)}"
       raise CheckpointMismatch(
-          f"parameter {'/'.join(map(str, rule.path))} has shape {tuple(arr.shape)} in the "
-          f"checkpoint ({', '.join(rule.names[:2])}) and {tuple(var.shape)} in the model")
+          f"parameter {'/'.join(map(str, rule.path))} has shape {seen} in the checkpoint "
+          f"({', '.join(rule.names[:2])}) and {tuple(var.shape)} in the model")
     arr = np.asarray(arr).astype(var.dtype)
     if mesh is not None:
       spec = logical_to_spec(var.get_metadata().get("out_sharding") or (None,) * arr.ndim,
@@ -475,7 +482,8 @@ def save_pretrained(model: CausalLM, config: ModelConfig, folder: str, *,
   if config != model.config:
     raise ConfigError("save_pretrained: config differs from model.config")
   os.makedirs(folder, exist_ok=True)
-  tensors = params_to_hf(model)
+  # safetensors writes raw buffers: every tensor must be C-contiguous.
+  tensors = {k: np.ascontiguousarray(v) for k, v in params_to_hf(model).items()}
   with open(os.path.join(folder, "config.json"), "w") as f:
     json.dump(config_to_hf(config), f, indent=2)
   shards: list[dict[str, np.ndarray]] = [{}]

@@ -82,8 +82,9 @@ def expert_ffn(buf: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.A
   """Runs expert e on buf[:, e]: [batch, experts, cap, hidden] -> same shape."""
   b, e, c, d = buf.shape
   if unrolled:
-    outs = [_swiglu(buf[:, i].reshape(b * c, d), w_gate[i], w_up[i], w_down[i]) for i in range(e)]
-    return jnp.stack(outs, axis=1).reshape(b, e, c, d)
+    outs = [_swiglu(buf[:, i].reshape(b * c, d), w_gate[i], w_up[i], w_down[i]).reshape(b, c, d)
+            for i in range(e)]
+    return jnp.stack(outs, axis=1)
   buf = constrain(buf, ("batch", "experts", None, "act_embed"))
   h = jnp.einsum("becd,edf->becf", buf, w_gate)
   u = jnp.einsum("becd,edf->becf", buf, w_up)

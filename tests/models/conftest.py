@@ -1,0 +1,72 @@
+"""Shared pieces of the model tests: very small configs of each architecture, batches with
+padding and packed segments, and a jitted forward."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from orchard_jax import models
+
+# Small enough to compile in seconds, with every feature of the architecture present
+# (GQA, several experts, a dense layer in qwen3_moe, DeltaNet + attention in qwen3_5_moe).
+_SHRINK = dict(vocab_size=256, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=16, intermediate_size=96, moe_intermediate_size=32, num_experts=8,
+               num_experts_per_tok=2)
+
+
+def tiny_config(arch: str, **overrides) -> models.ModelConfig:
+  """A 4-layer config of `arch` ("qwen3_moe", "qwen3_5_moe", "qwen3")."""
+  if arch == "qwen3_moe":
+    base = dataclasses.replace(models.get_preset("tiny"), **_SHRINK, mlp_only_layers=(1,))
+  elif arch == "qwen3_5_moe":
+    base = dataclasses.replace(models.get_preset("tiny_qwen3_5"), **_SHRINK,
+                               shared_expert_intermediate_size=48, linear_num_key_heads=2,
+                               linear_num_value_heads=4, linear_key_head_dim=16,
+                               linear_value_head_dim=16)
+  else:
+    base = dataclasses.replace(models.get_preset("tiny_dense"), **{
+        k: v for k, v in _SHRINK.items() if not k.startswith(("moe", "num_experts"))})
+  return dataclasses.replace(base, **overrides)
+
+
+def padded_batch(seed: int, lengths, seq: int, vocab: int = 256, left: bool = False):
+  """[batch, seq] ids / positions / segment ids, one sequence per row of the given lengths,
+  right-padded (or left-padded)."""
+  rng = np.random.default_rng(seed)
+  b = len(lengths)
+  ids = rng.integers(0, vocab, (b, seq)).astype(np.int32)
+  seg = np.zeros((b, seq), np.int32)
+  pos = np.zeros((b, seq), np.int32)
+  for i, n in enumerate(lengths):
+    cols = slice(seq - n, seq) if left else slice(0, n)
+    seg[i, cols] = 1
+    pos[i, cols] = np.arange(n)
+  return ids, pos, seg
+
+
+def forward(model, ids, pos, seg):
+  """Jitted model call returning numpy logits and aux."""
+  logits, aux = _jit_forward(model, jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(seg))
+  return np.asarray(logits), jax.tree.map(np.asarray, aux)
+
+
+@nnx.jit
+def _jit_forward(model, ids, pos, seg):
+  return model(ids, pos, seg)
+
+
+def with_config(model, config: models.ModelConfig):
+  """The same parameters under another config (computation fields only)."""
+  other = nnx.eval_shape(lambda: type(model)(config, rngs=nnx.Rngs(0)))
+  nnx.update(other, nnx.state(model, nnx.Param))
+  return other
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+  """One randomly initialised CausalLM per architecture (session-wide; never mutated)."""
+  return {arch: models.CausalLM(tiny_config(arch), rngs=nnx.Rngs(7))
+          for arch in ("qwen3_moe", "qwen3_5_moe", "qwen3")}
