@@ -16,9 +16,10 @@ from orchard_jax.env import LocalBackend, Orchestrator, SandboxClient, ServiceCo
 BACKENDS = ["local", "kubernetes"]
 
 
-def pytest_collection_modifyitems(config, items):
+@pytest.fixture(autouse=True, scope="session")
+def _bubblewrap_installed():
   if shutil.which("bwrap") is None:
-    raise pytest.UsageError("the env tests need bubblewrap: sudo apt-get install -y bubblewrap")
+    pytest.fail("the env tests need bubblewrap: sudo apt-get install -y bubblewrap")
 
 
 def make_config(**overrides) -> ServiceConfig:

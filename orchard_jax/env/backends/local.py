@@ -206,9 +206,7 @@ class LocalBackend(Backend):
         exploded.add(p)
         p = os.path.dirname(p)
     if image.kind in ("host", "layer"):
-      for d in _HOST_DIRS + tuple(self.host_paths):
-        argv += _mirror(d, d, exploded)
-      argv += ["--perms", "0755", "--dir", "/run", "--perms", "0755", "--dir", "/var"]
+      argv += self._host_view(frozenset(exploded))
     else:
       for entry in sorted(os.listdir(image.root)):
         if entry in ("proc", "dev", "tmp", _images.IMAGE_MANIFEST):
@@ -230,6 +228,18 @@ class LocalBackend(Backend):
     # waits on stdin (a pipe the service holds: EOF ends the sandbox).
     argv += ["--chdir", "/", "--", "/bin/sh", "-c", "echo ready; read _"]
     return argv
+
+  def _host_view(self, exploded: frozenset) -> list:
+    """bwrap arguments of the read-only host view (cached: the host's folders do not change
+    while the service runs)."""
+    cache = self.__dict__.setdefault("_host_view_cache", {})
+    if exploded not in cache:
+      args = []
+      for d in _HOST_DIRS + tuple(self.host_paths):
+        args += _mirror(d, d, exploded)
+      args += ["--perms", "0755", "--dir", "/run", "--perms", "0755", "--dir", "/var"]
+      cache[exploded] = args
+    return list(cache[exploded])
 
   async def create(self, sandbox_id: str, spec: SandboxSpec) -> dict:
     image = _images.resolve_image(spec.image, allowed_roots=self.image_roots)
