@@ -31,13 +31,14 @@ class ChatModel:
     model: the `model` field of each request.
     api_key: sent as a bearer token if given.
     temperature, max_tokens, top_p: sampling parameters sent with each request.
+    seed: sent as the request's `seed` (engines that honour it sample reproducibly).
     timeout_s: per-request timeout in seconds.
     retries: extra attempts after a connection error or a 5xx answer (1 s, 2 s, 4 s... apart).
   """
 
   def __init__(self, base_url: str, model: str = "default", *, api_key: str | None = None,
                temperature: float = 0.0, max_tokens: int | None = None, top_p: float | None = None,
-               timeout_s: float = 300.0, retries: int = 2):
+               seed: int | None = None, timeout_s: float = 300.0, retries: int = 2):
     self.base_url = base_url.rstrip("/")
     self.model = model
     self.sampling = {"temperature": temperature}
@@ -45,6 +46,8 @@ class ChatModel:
       self.sampling["max_tokens"] = max_tokens
     if top_p is not None:
       self.sampling["top_p"] = top_p
+    if seed is not None:
+      self.sampling["seed"] = seed
     self.retries = retries
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     self._client = httpx.Client(timeout=timeout_s, headers=headers)
