@@ -13,6 +13,10 @@ JOBS = {
     "lm.sft": "lm:sft",
     "swe.build_tasks": "swe:build_tasks",
     "swe.evaluate": "swe:evaluate",
+    "swe_distill.collect": "swe_distill:collect",
+    "swe_distill.stats": "swe_distill:stats",
+    "swe_distill.export": "swe_distill:export",
+    "swe_distill.import": "swe_distill:import_trajectories",
 }
 
 
