@@ -52,3 +52,14 @@ def test_sigkill_then_restart_leaves_no_process_mount_or_folder(tmp_path):
       assert str(state) not in mounts and not any(i in mounts for i in ids)
       box = client.create_sandbox()   # and the restarted service works
       assert box.exec("echo ok").stdout == "ok\n"
+
+
+def test_services_sharing_a_state_dir_never_reap_each_others_sandboxes(tmp_path):
+  state = tmp_path / "state"
+  args = ["--state-dir", str(state), "--log-level", "warning"]
+  with ServiceProcess(args) as first, SandboxClient(first.url, first.api_key) as client:
+    box = client.create_sandbox()
+    with ServiceProcess(args) as second:   # reconciles at start: box is not its orphan
+      with SandboxClient(second.url, second.api_key) as other:
+        assert other.list_sandboxes() == []
+    assert box.exec("echo still here").stdout == "still here\n"

@@ -246,6 +246,7 @@ class LocalBackend(Backend):
     workdir = spec.workdir or image.workdir
     disk = spec.disk or self.default_disk
     pids = spec.pids if spec.pids is not None else self.default_pids
+    self._write_meta(sandbox_id, {})   # first, so other services see who owns what follows
     try:
       procs = self._cgroups.create(sandbox_id, cpu=spec.cpu, memory=spec.memory, pids=pids)
     except OSError as e:
@@ -289,10 +290,8 @@ class LocalBackend(Backend):
     box.pidfd = os.pidfd_open(box.init_pid)
     box.ns_flags = _ns_flags(box.init_pid, self.user_namespace)
     box.bwrap_pid = box.status.pid
-    meta = {"id": sandbox_id, "bwrap_pid": box.bwrap_pid, "init_pid": box.init_pid,
-            "init_start": _start_time(box.init_pid), "created": time.time()}
-    with open(self._meta_path(sandbox_id), "w") as f:
-      json.dump(meta, f)
+    self._write_meta(sandbox_id, {"bwrap_pid": box.bwrap_pid, "init_pid": box.init_pid,
+                                  "init_start": _start_time(box.init_pid)})
     ref = {"id": sandbox_id, "init_pid": box.init_pid, "workdir": workdir,
            "env": image.env_dict, "network": spec.network}
     if self.creds is not None:   # the workspace belongs to the sandbox user (git wants that)
@@ -344,6 +343,14 @@ class LocalBackend(Backend):
         continue
       if box.status.ended.is_set() or chunk == b"":
         raise SandboxFailed(box.status.describe_end())
+
+  def _write_meta(self, sandbox_id, fields):
+    meta = {"id": sandbox_id, "owner_pid": os.getpid(), "owner_start": _start_time(os.getpid()),
+            "created": time.time(), **fields}
+    tmp = self._meta_path(sandbox_id) + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(meta, f)
+    os.replace(tmp, self._meta_path(sandbox_id))
 
   def _meta_path(self, sandbox_id):
     return os.path.join(self.state_dir, "sandboxes", sandbox_id + ".json")
@@ -402,9 +409,27 @@ class LocalBackend(Backend):
         pass
 
   async def list_sandboxes(self) -> set:
+    """This service's sandboxes and the leftovers of services that are gone. Sandboxes of
+    another live service sharing the state directory are not listed (never reaped here)."""
     folder = os.path.join(self.state_dir, "sandboxes")
-    ids = {name[:-5] for name in os.listdir(folder) if name.endswith(".json")}
-    return ids | set(self._boxes) | self._cgroups.list()
+    ids, others = set(), set()
+    for name in os.listdir(folder):
+      if not name.endswith(".json"):
+        continue
+      sandbox_id = name[:-5]
+      try:
+        with open(os.path.join(folder, name)) as f:
+          meta = json.load(f)
+      except (OSError, ValueError):
+        ids.add(sandbox_id)
+        continue
+      owner = meta.get("owner_pid")
+      if (owner and owner != os.getpid() and meta.get("owner_start") is not None
+          and _start_time(owner) == meta["owner_start"]):
+        others.add(sandbox_id)   # owned by another running service
+      else:
+        ids.add(sandbox_id)
+    return (ids | set(self._boxes) | self._cgroups.list()) - others
 
   async def is_alive(self, sandbox_id: str, ref: dict) -> bool:
     box = self._boxes.get(sandbox_id)
