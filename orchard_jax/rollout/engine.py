@@ -62,6 +62,9 @@ class EngineConfig:
       for more to batch them.
     seed: seed of the engine's draw of per-request seeds (requests without sampling_seed);
       None draws from the OS.
+    decode_moe_dispatch: MoE dispatch for decode steps ("dense", "sort", "ragged"), None to
+      keep the model's, or "auto": "dense" on CPU for models with at most 16 experts (one
+      token per row leaves "sort"'s capacity buffers nearly empty), the model's otherwise.
   """
   max_batch_size: int = 8
   batch_buckets: tuple[int, ...] = (1, 2, 4, 8)
@@ -71,6 +74,7 @@ class EngineConfig:
   decode_steps: int = 16
   admission_wait_s: float = 0.002
   seed: Optional[int] = None
+  decode_moe_dispatch: Optional[str] = "auto"
 
   def __post_init__(self):
     if not self.batch_buckets or self.batch_buckets[-1] != self.max_batch_size:
@@ -138,8 +142,9 @@ class Engine:
                model_path: str = "", weight_version: str = "0"):
     self.config = config
     self.tokenizer = tokenizer
-    self.runner = ModelRunner(model)
     self.model_config = getattr(model, "config", None)
+    self.runner = ModelRunner(model, decode_moe_dispatch=_decode_dispatch(
+      config.decode_moe_dispatch, self.model_config))
     self.model_path = model_path
     self.weight_version = weight_version
     self.num_requests_served = 0
@@ -379,12 +384,19 @@ class Engine:
     need = max([int(s.prompt.size) + s.max_new for s in sequences] or [1])
     cache_len = bucket(need, self.config.cache_buckets) or self.config.max_seq_len
     old_rows = {id(s): i for i, s in enumerate(self._slots) if s is not None}
-    rows = np.array([old_rows.get(id(s), -1) for s in sequences] + [-1] * (batch - n))
-    same = (self._cache is not None and len(self._slots) == batch
-            and cache_len == self._cache_len and np.array_equal(rows[:n], np.arange(n))
-            and all(s is None for s in self._slots[n:]))
-    if same:
+    if self._cache is not None and len(self._slots) == batch and cache_len == self._cache_len:
+      # Same shapes: new requests take free rows, which are emptied in place.
+      fresh = np.zeros(batch, bool)
+      free = [r for r, s in enumerate(self._slots) if s is None]
+      for seq in sequences:
+        if id(seq) not in old_rows:
+          row = free.pop(0)
+          self._slots[row] = seq
+          fresh[row] = True
+      if fresh.any():
+        self._cache = self.runner.reset_rows(self._cache, fresh)
       return
+    rows = np.array([old_rows.get(id(s), -1) for s in sequences] + [-1] * (batch - n))
     if self._cache is None or not old_rows:
       self._cache = self.runner.init_cache(batch, cache_len)
     else:
@@ -644,6 +656,15 @@ def _mode(sequences: Sequence[_Sequence]) -> SamplingMode:
   if any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in sampled):
     return SamplingMode.FILTERED
   return SamplingMode.SAMPLE
+
+
+def _decode_dispatch(choice: Optional[str], model_config: Any) -> Optional[str]:
+  if choice != "auto":
+    return choice
+  import jax
+
+  experts = getattr(model_config, "num_experts", 0) or 0
+  return "dense" if jax.default_backend() == "cpu" and 0 < experts <= 16 else None
 
 
 def _top_bucket(k: int) -> int:

@@ -174,9 +174,15 @@ class PromptBuilder:
     turn's end (the end-of-turn token when the sampled ids lack it, then the separator), the
     new messages and the generation prompt. None when the template is not prefix-stable."""
     render = self.tokenizer.render_chat_text
-    for start in (0, k - 1):  # whole history, then the last assistant turn as anchor
-      head = render(messages[start:k], tools, add_generation_prompt=False, **template_kwargs)
-      full = render(messages[start:], tools, add_generation_prompt=True, **template_kwargs)
+    # First render only the last recorded turn (after the system message, which templates
+    # treat specially) and the new messages: cheap, and exact for chat templates that render
+    # each message independently of the earlier ones (ChatML / Qwen families). Fall back to
+    # the whole history.
+    system = [messages[0]] if messages[0].get("role") == "system" and k > 1 else []
+    for head_msgs, full_msgs in ((system + messages[k - 1:k], system + messages[k - 1:]),
+                                 (messages[:k], messages)):
+      head = render(head_msgs, tools, add_generation_prompt=False, **template_kwargs)
+      full = render(full_msgs, tools, add_generation_prompt=True, **template_kwargs)
       end = head.rfind(self.eos_text)
       if not full.startswith(head) or end < 0 or head[end + len(self.eos_text):].strip():
         continue

@@ -17,6 +17,7 @@ same cache (continuous batching).
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any, Optional
 
@@ -36,13 +37,24 @@ class ModelRunner:
     model: a `models.CausalLM` (any NNX module with the CONTRACTS.md call signature
       `model(ids, positions, segment_ids, cache=cache) -> (logits, aux, cache)` and
       `model.init_cache(batch, max_len)`).
+    decode_moe_dispatch: MoE dispatch path for decode steps ("dense", "sort", "ragged"; see
+      ModelConfig.moe_dispatch), or None to keep the model's. A decode step routes one token
+      per row, where "sort"'s per-expert capacity buffers are mostly empty; the same math runs
+      through another path (results equal up to float rounding). Prefill keeps the model's.
 
   Attributes:
     compile_count: number of traces of the jitted functions so far.
   """
 
-  def __init__(self, model: nnx.Module):
+  def __init__(self, model: nnx.Module, decode_moe_dispatch: Optional[str] = None):
     self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
+    self.decode_graphdef = self.graphdef
+    config = getattr(model, "config", None)
+    if (decode_moe_dispatch and config is not None and getattr(config, "num_experts", 0)
+        and config.moe_dispatch != decode_moe_dispatch):
+      twin_config = dataclasses.replace(config, moe_dispatch=decode_moe_dispatch)
+      twin = nnx.eval_shape(lambda: type(model)(twin_config, rngs=nnx.Rngs(0)))
+      self.decode_graphdef = nnx.split(twin, nnx.Param, ...)[0]
     self._model_for_cache = model
     self.compile_count = 0
     self._lock = threading.Lock()
@@ -52,6 +64,7 @@ class ModelRunner:
                            static_argnames=("num_steps", "mode", "top_k_num"),
                            donate_argnums=(1,))
     self._sample = jax.jit(self._sample_impl, static_argnames=("mode", "top_k_num"))
+    self._reset = jax.jit(self._reset_impl, donate_argnums=(0,))
 
   # ------------------------------------------------------------------ weights
 
@@ -91,6 +104,10 @@ class ModelRunner:
     """A fresh cache of `batch` rows and `max_len` positions."""
     return self._model_for_cache.init_cache(batch, max_len)
 
+  def reset_rows(self, cache: Any, rows: np.ndarray) -> Any:
+    """Empty the rows where `rows` [batch] bool is True, in place of a new request."""
+    return self._reset(cache, jnp.asarray(rows))
+
   def relayout(self, cache: Any, rows: np.ndarray, batch: int, max_len: int) -> Any:
     """A cache of shape (batch, max_len) whose row i is old row rows[i] (rows[i] < 0: empty).
 
@@ -116,6 +133,10 @@ class ModelRunner:
   def _count_trace(self) -> None:
     with self._lock:
       self.compile_count += 1
+
+  def _reset_impl(self, cache, rows):
+    self._count_trace()
+    return cache.reset_rows(rows)
 
   def _prefill_impl(self, params, cache, ids, positions, segment_ids, next_ids, last_col, *,
                     top_k_num: int):
@@ -146,7 +167,7 @@ class ModelRunner:
   def _decode_impl(self, params, cache, tokens, positions, remaining, seeds, temperature, top_k,
                    top_p, min_p, *, num_steps: int, mode: SamplingMode, top_k_num: int):
     self._count_trace()
-    model = nnx.merge(self.graphdef, params, self.rest)
+    model = nnx.merge(self.decode_graphdef, params, self.rest)
 
     def step(carry, s):
       cache, tok, pos = carry

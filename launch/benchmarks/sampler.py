@@ -1,0 +1,90 @@
+"""`--suite sampler`: decode throughput of the embedded engine against transformers' generate.
+
+Both sides run the tiny Qwen3-MoE preset (PEERS.md: vocab 8192, hidden 256, 4 layers, 4 q / 2
+kv heads, head_dim 64, 8 experts top-2, moe_intermediate 256, float32, random init), greedy,
+a 128-token random prompt per row and exactly 128 new tokens, at batch 1 and 8. Throughput is
+new tokens per second over the whole call (prefill included), median of `_REPEATS` runs after a
+warm-up run (which compiles / allocates). transformers runs `generate(do_sample=False,
+use_cache=True)` with torch limited to 2 threads, as PEERS.md measured it.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from launch.benchmarks import common
+
+_PROMPT, _NEW, _REPEATS = 128, 128, 3
+_BATCHES = (1, 8)
+
+
+def _ours(prompts: dict[int, np.ndarray]) -> tuple[dict[int, float], int]:
+  from flax import nnx
+
+  from orchard_jax.data import tiny_tokenizer
+  from orchard_jax.models import CausalLM, get_preset
+  from orchard_jax.rollout import Engine, EngineConfig, SamplingParams, SingleGenerateRequest
+
+  model = CausalLM(get_preset("tiny"), rngs=nnx.Rngs(0))
+  config = EngineConfig(max_batch_size=8, batch_buckets=(1, 8), max_seq_len=_PROMPT + _NEW,
+                        cache_len_buckets=(_PROMPT + _NEW,), prefill_chunk_buckets=(_PROMPT,),
+                        decode_steps=32, seed=0)
+  params = SamplingParams(max_new_tokens=_NEW, temperature=0.0, ignore_eos=True)
+  results = {}
+  with Engine(model, tiny_tokenizer(), config=config) as engine:
+    for batch in _BATCHES:
+      requests = [SingleGenerateRequest(input_ids=row.tolist(), sampling_params=params)
+                  for row in prompts[batch]]
+
+      def run():
+        outs = engine.generate(requests)
+        assert all(len(o.output_ids) == _NEW for o in outs)
+
+      times = common.time_calls(run, warmup=1, repeats=_REPEATS)
+      results[batch] = batch * _NEW / statistics.median(times)
+    compiles = engine.compile_count
+  return results, compiles
+
+
+def _transformers(prompts: dict[int, np.ndarray]) -> tuple[dict[int, float], str]:
+  import torch
+  import transformers
+
+  from orchard_jax.models import get_preset, hf
+
+  torch.set_num_threads(2)
+  torch.manual_seed(0)
+  config = transformers.Qwen3MoeConfig(**hf.config_to_hf(get_preset("tiny")))
+  model = transformers.Qwen3MoeForCausalLM(config).eval()
+  results = {}
+  for batch in _BATCHES:
+    ids = torch.as_tensor(prompts[batch], dtype=torch.long)
+
+    def run():
+      with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             use_cache=True, max_new_tokens=_NEW, min_new_tokens=_NEW,
+                             pad_token_id=0)
+      assert out.shape[1] == _PROMPT + _NEW
+
+    times = common.time_calls(run, warmup=1, repeats=_REPEATS)
+    results[batch] = batch * _NEW / statistics.median(times)
+  return results, f"transformers {transformers.__version__} (torch {torch.__version__}, 2 threads)"
+
+
+def run() -> list[common.Row]:
+  rng = np.random.default_rng(0)
+  prompts = {b: rng.integers(10, 8000, size=(b, _PROMPT)) for b in _BATCHES}
+  theirs, name = _transformers(prompts)
+  ours, compiles = _ours(prompts)
+  rows = []
+  for batch in _BATCHES:
+    rows.append(common.Row(
+      case=f"tiny qwen3_moe greedy decode, batch {batch}, {_PROMPT}-token prompt, {_NEW} new",
+      metric="new tokens/s", ours=ours[batch], baseline=theirs[batch], baseline_name=name,
+      higher_is_better=True, target=3.0 if batch == 8 else None))
+  rows.append(common.Row(case="engine compilations for both batch sizes (buckets 1, 8)",
+                         metric="count", ours=float(compiles), higher_is_better=False))
+  return rows
