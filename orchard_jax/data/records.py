@@ -11,6 +11,7 @@ fields and raises `StoreError` naming the field, what was expected and what was 
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from typing import Any, Mapping, Sequence
@@ -100,7 +101,11 @@ class ModelCall:
 
   def to_dict(self) -> dict[str, Any]:
     """JSON-compatible dict with "kind": "model_call" first."""
-    return {"kind": MODEL_CALL, **dataclasses.asdict(self)}
+    # dataclasses.asdict deep-copies every id one by one (milliseconds per long prompt).
+    ids = ("prompt_ids", "output_ids", "output_logprobs")
+    return {"kind": MODEL_CALL, **{
+      f.name: list(getattr(self, f.name)) if f.name in ids else copy.deepcopy(getattr(self, f.name))
+      for f in dataclasses.fields(self)}}
 
   @classmethod
   def from_dict(cls, data: Mapping[str, Any]) -> "ModelCall":
