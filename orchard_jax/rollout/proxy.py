@@ -42,7 +42,7 @@ import fastapi
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from orchard_jax.data import ModelCall, chat_messages
+from orchard_jax.data import ChatTemplateError, ModelCall, chat_messages
 from orchard_jax.rollout.background import BackgroundServer
 from orchard_jax.rollout.errors import RequestError, RolloutError, UpstreamError
 from orchard_jax.rollout.openai_chat import (
@@ -170,24 +170,22 @@ class PromptBuilder:
 
   def _new_text(self, messages: list[dict], k: int, tools, template_kwargs: dict,
                 closed: bool) -> Optional[str]:
-    """Text the template adds after the recorded assistant turn messages[k-1]: the rest of that
-    turn's end (the end-of-turn token when the sampled ids lack it, then the separator), the
-    new messages and the generation prompt. None when the template is not prefix-stable."""
-    render = self.tokenizer.render_chat_text
-    # First render only the last recorded turn (after the system message, which templates
-    # treat specially) and the new messages: cheap, and exact for chat templates that render
-    # each message independently of the earlier ones (ChatML / Qwen families). Fall back to
-    # the whole history.
+    """Text the template adds after the recorded assistant turn messages[k-1] (the data room's
+    `Tokenizer.render_continuation`): the separator after its end-of-turn token, the new
+    messages and the generation prompt, preceded by the end-of-turn token itself when the
+    sampled ids lack it (the turn was cut by max_tokens or a stop string). None when the
+    template gives no such continuation."""
+    # First render only the system message (templates treat it specially), the last recorded
+    # turn and the new messages: cheap, and exact for templates that render each message
+    # independently of the ones before (ChatML / Qwen families). Then the whole chat.
     system = [messages[0]] if messages[0].get("role") == "system" and k > 1 else []
-    for head_msgs, full_msgs in ((system + messages[k - 1:k], system + messages[k - 1:]),
-                                 (messages[:k], messages)):
-      head = render(head_msgs, tools, add_generation_prompt=False, **template_kwargs)
-      full = render(full_msgs, tools, add_generation_prompt=True, **template_kwargs)
-      end = head.rfind(self.eos_text)
-      if not full.startswith(head) or end < 0 or head[end + len(self.eos_text):].strip():
+    for chat, recorded in ((system + messages[k - 1:], len(system) + 1), (messages, k)):
+      try:
+        text = self.tokenizer.render_continuation(chat, recorded, tools,
+                                                  add_generation_prompt=True, **template_kwargs)
+      except ChatTemplateError:
         continue
-      trailer = head[end + len(self.eos_text):] if closed else head[end:]
-      return trailer + full[len(head):]
+      return text if closed else self.eos_text + text
     return None
 
 
