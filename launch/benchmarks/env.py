@@ -130,8 +130,8 @@ def _rss_kb(pid):
 
 async def _many(url, key, n):
   from orchard_jax.env import AsyncSandboxClient
-  client = AsyncSandboxClient(url, key, timeout=300, max_connections=128)
-  gate = asyncio.Semaphore(128)
+  client = AsyncSandboxClient(url, key, timeout=300)
+  gate = asyncio.Semaphore(256)
   failures = []
 
   async def one(i):

@@ -29,7 +29,7 @@ class AsyncSandboxClient:
 
   def __init__(self, url: Optional[str] = None, api_key: Optional[str] = None, *,
                timeout: float = 60.0, retry: _http.RetryPolicy = _http.RetryPolicy(),
-               max_connections: int = 64):
+               max_connections: int = 32):
     self.url, self.api_key = _http.resolve(url, api_key)
     self.timeout = timeout
     self.retry = retry
