@@ -86,6 +86,7 @@ def run() -> list[common.Row]:
         messages.append(message)
         messages.append({"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
                          "content": f"total {call}\ndrwxr-xr-x  2 root root 4096 src\n"})
+    proxy.flush()
     records = store.model_calls()
     reused = sum(1 for r in records if r.metadata.get("reused_prompt_ids"))
     assert len(records) == (_WARMUP_SESSIONS + _SESSIONS) * _CALLS, len(records)

@@ -17,7 +17,10 @@ upstream (SGLang or the embedded engine, `SGLangUpstream`) the proxy
 3. parses the sampled text into an assistant message (content, reasoning, tool calls) with the
    model family's tool-call parser, returns it as a chat completion, and appends a
    `data.ModelCall` (prompt ids, output ids, log-probs, messages, tools, response, finish
-   reason, segment index, timing) to the trajectory store as the call finishes.
+   reason, segment index, timing) to the trajectory store as the call finishes: right after
+   the response is sent, so the write is off the harness's latency path.
+   `end_session(session_id)` (and `flush()`) wait until every answered call is written; read
+   the store after calling it.
 
 For a text-level upstream (`OpenAIUpstream`, e.g. a hosted teacher) it forwards the request
 and records the messages and the response, marked `text_only` (SFT re-tokenises those with the
@@ -35,16 +38,18 @@ import contextlib
 import dataclasses
 import json
 import logging
+import threading
 import time
 from typing import Any, Optional, Sequence, Union
 
 import fastapi
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 
 from orchard_jax.data import ChatTemplateError, ModelCall, chat_messages
 from orchard_jax.rollout.background import BackgroundServer
-from orchard_jax.rollout.errors import RequestError, RolloutError, UpstreamError
+from orchard_jax.rollout.errors import RequestError, RolloutError, SessionError, UpstreamError
 from orchard_jax.rollout.openai_chat import (
   assistant_message, chat_completion, sampling_params_of, stream_chat_chunks, token_logprobs)
 from orchard_jax.rollout.openai_protocol import ChatCompletionRequest, ChatCompletionResponse
@@ -226,6 +231,8 @@ class RecordingProxy:
     self.sampling_overrides = dict(sampling_overrides or {})
     self.builder = PromptBuilder(tokenizer) if tokenizer is not None else None
     self.sessions: dict[str, _Session] = {}
+    self._pending: dict[str, int] = {}
+    self._written = threading.Condition()
     self.app = self._create_app()
     self._server = BackgroundServer(self.app, host=host, port=port)
 
@@ -241,16 +248,63 @@ class RecordingProxy:
       raise RequestError(f"session id {session_id!r} must be non-empty and contain no '/'")
     return f"{self.url}/sessions/{session_id}/v1"
 
-  def end_session(self, session_id: str) -> None:
-    """Forget a session's state (its records stay in the store)."""
+  def end_session(self, session_id: str, timeout_s: float = 60.0) -> None:
+    """Wait until the session's records are in the store, then forget its state (records
+    stay in the store). Call from outside the proxy's event loop (recipes, harness drivers)."""
+    self.flush(session_id, timeout_s=timeout_s)
+    self._forget(session_id)
+
+  def _forget(self, session_id: str) -> None:
     self.sessions.pop(session_id, None)
     self.upstream.release_session(session_id)
+
+  def flush(self, session_id: Optional[str] = None, timeout_s: float = 60.0) -> None:
+    """Block until every answered call (of one session, or all) has been appended to the
+    store.
+
+    Raises:
+      SessionError: records still pending after timeout_s.
+    """
+    deadline = time.monotonic() + timeout_s
+    with self._written:
+      while (self._pending.get(session_id, 0) if session_id is not None
+             else sum(self._pending.values())):
+        left = deadline - time.monotonic()
+        if left <= 0:
+          raise SessionError(f"records of session {session_id!r} still unwritten after "
+                             f"{timeout_s} s")
+        self._written.wait(timeout=left)
+
+  def _pending_started(self, session_id: str, record: Any) -> None:
+    if record is None:
+      return
+    with self._written:
+      self._pending[session_id] = self._pending.get(session_id, 0) + 1
+
+  async def _append(self, session: _Session, record: Any) -> None:
+    if record is None:
+      return
+    try:
+      async with session.lock:
+        self.store.append_model_call(record)
+    except Exception:  # noqa: BLE001 - a store fault must not take the proxy down
+      _log.exception("could not record call %d of session %s", record.call_index, session.id)
+    finally:
+      with self._written:
+        self._pending[session.id] -= 1
+        if not self._pending[session.id]:
+          del self._pending[session.id]
+        self._written.notify_all()
 
   def __enter__(self) -> "RecordingProxy":
     self._server.start()
     return self
 
   def __exit__(self, *exc: Any) -> None:
+    try:
+      self.flush(timeout_s=60.0)
+    except SessionError:
+      _log.exception("leaving the proxy with unwritten records")
     self._server.stop()
 
   # ------------------------------------------------------------------ app
@@ -299,18 +353,24 @@ class RecordingProxy:
         session = self.sessions.setdefault(session_id, _Session(session_id))
       async with session.lock:
         if self.upstream.text_only:
-          body = await self._text_only_call(session, request)
+          body, record = await self._text_only_call(session, request)
         else:
-          response = await self._token_call(session, request)
-          if request.stream:
-            return StreamingResponse(stream_chat_chunks(response),
-                                     media_type="text/event-stream")
-          body = response.model_dump(mode="json", exclude_none=True)
-      return JSONResponse(body)
+          response, record = await self._token_call(session, request)
+          body = None if request.stream else response.model_dump(mode="json", exclude_none=True)
+        self._pending_started(session.id, record)
+      # The record is appended right after the response is sent (off the harness's latency
+      # path); `flush`/`end_session` wait for it.
+      background = BackgroundTask(self._append, session, record)
+      if body is None:
+        return StreamingResponse(stream_chat_chunks(response), media_type="text/event-stream",
+                                 background=background)
+      return JSONResponse(body, background=background)
 
     @app.delete("/sessions/{session_id}")
     async def end(session_id: str):
-      self.end_session(session_id)
+      while self._pending.get(session_id):
+        await asyncio.sleep(0.001)
+      self._forget(session_id)
       return {"ended": session_id}
 
     return app
@@ -329,7 +389,7 @@ class RecordingProxy:
       raise RequestError(f"invalid sampling settings after proxy defaults/overrides: {e}") from e
 
   async def _token_call(self, session: _Session, request: ChatCompletionRequest
-                        ) -> ChatCompletionResponse:
+                        ) -> tuple[ChatCompletionResponse, Optional[ModelCall]]:
     started_at, t0 = time.time(), time.perf_counter()
     messages = _clean_messages(request.messages)
     tools = request.offered_tools()
@@ -363,8 +423,9 @@ class RecordingProxy:
     session.checkpoints = (session.checkpoints + [request_cp, answer_cp])[-2 * _CHECKPOINTS_KEPT:]
     session.latest = answer_cp
     t3 = time.perf_counter()
+    record = None
     if self.store is not None:
-      self.store.append_model_call(ModelCall(
+      record = ModelCall(
         session_id=session.id, call_index=session.call_index, prompt_ids=plan.ids,
         output_ids=out.output_ids, output_logprobs=out.output_logprobs,
         segment_index=session.segment_index, messages=messages, tools=tools,
@@ -377,21 +438,22 @@ class RecordingProxy:
                   "reused_prompt_ids": plan.reused, "upstream": self.upstream.description,
                   "rid": out.meta_info.id,
                   "tool_call_errors": [dataclasses.asdict(e) for e in parsed.errors]
-                  if parsed is not None else []}))
+                  if parsed is not None else []})
     session.call_index += 1
     session.prompt_tokens += len(plan.ids)
     session.completion_tokens += len(out.output_ids)
-    return response
+    return response, record
 
   async def _text_only_call(self, session: _Session, request: ChatCompletionRequest
-                            ) -> dict[str, Any]:
+                            ) -> tuple[dict[str, Any], Optional[ModelCall]]:
     started_at, t0 = time.time(), time.perf_counter()
     body = request.model_dump(exclude_unset=True)
     body.pop("stream", None)
     data = await self.upstream.chat(body)
     choice = data["choices"][0]
+    record = None
     if self.store is not None:
-      self.store.append_model_call(ModelCall(
+      record = ModelCall(
         session_id=session.id, call_index=session.call_index,
         messages=_clean_messages(request.messages), tools=request.offered_tools(),
         response=choice.get("message"), finish_reason=choice.get("finish_reason"),
@@ -400,9 +462,9 @@ class RecordingProxy:
                          if k not in ("messages", "tools", "model", "tool_choice")},
         started_at=started_at, finished_at=time.time(),
         metadata={"timing_s": {"total": time.perf_counter() - t0},
-                  "upstream": self.upstream.description, "usage": data.get("usage")}))
+                  "upstream": self.upstream.description, "usage": data.get("usage")})
     session.call_index += 1
-    return data
+    return data, record
 
 
 def _version(value: Optional[str]) -> Optional[int]:

@@ -45,6 +45,7 @@ def test_mini_swe_agent_multi_step_run_is_fully_recorded(agent_engine, tokenizer
     agent = DefaultAgent(model, LocalEnvironment(cwd=str(workdir)), system_template=SYSTEM,
                          instance_template="{{task}}", step_limit=8, cost_limit=0.0)
     result = agent.run(TASK)
+    proxy.end_session("mswea-1")  # as recipes do: waits until the last call is recorded
     records = store.model_calls("mswea-1")
 
   assert result["exit_status"] == "Submitted", agent.messages[-1]

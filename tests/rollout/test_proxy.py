@@ -39,7 +39,8 @@ def _client(proxy, session):
   return openai.OpenAI(base_url=proxy.session_url(session), api_key="none", max_retries=0)
 
 
-def _assert_records_are_the_sampled_ids(store, upstream, session):
+def _assert_records_are_the_sampled_ids(proxy, store, upstream, session):
+  proxy.end_session(session)  # records are appended right after each response; wait for them
   records = store.model_calls(session)
   assert len(records) == len(upstream.responses)
   for record, (prompt, out) in zip(records, upstream.responses):
@@ -64,7 +65,7 @@ def test_agent_session_with_tool_calls_records_sampled_ids(agent_engine, stack, 
     messages.append(choice.message.model_dump(exclude_none=True))
     if i < len(OUTPUTS):  # tool results end with a newline (CASES.md 1)
       messages.append({"role": "tool", "tool_call_id": call.id, "content": OUTPUTS[i]})
-  records = _assert_records_are_the_sampled_ids(store, upstream, "agent-1")
+  records = _assert_records_are_the_sampled_ids(proxy, store, upstream, "agent-1")
   assert [r.call_index for r in records] == [0, 1, 2]
   assert [r.segment_index for r in records] == [0, 0, 0]
   for previous, record in zip(records, records[1:]):
@@ -100,7 +101,7 @@ def test_random_policy_session_never_retokenises(stack, tokenizer):
     assert len(response.choices[0].logprobs.content) == response.usage.completion_tokens
     messages.append({"role": "assistant", "content": message.content})
     messages.append({"role": "user", "content": f"Output of step {turn}:\nok\n"})
-  records = _assert_records_are_the_sampled_ids(store, upstream, "random-1")
+  records = _assert_records_are_the_sampled_ids(proxy, store, upstream, "random-1")
   assert [r.segment_index for r in records] == [0, 0, 0]
   reencoded_differs = [tokenizer.encode(tokenizer.decode(r.output_ids)) != r.output_ids
                        for r in records]
@@ -138,7 +139,7 @@ def test_edited_history_starts_a_new_segment(stack, tokenizer):
   # A retry of the same request reuses its recorded prompt.
   client.chat.completions.create(model="tiny-policy", messages=compacted, max_tokens=8,
                                  temperature=0, extra_body={"ignore_eos": True})
-  records = _assert_records_are_the_sampled_ids(store, upstream, "edit-1")
+  records = _assert_records_are_the_sampled_ids(proxy, store, upstream, "edit-1")
   assert [r.segment_index for r in records] == [0, 0, 1, 1, 2]
   assert records[2].metadata["reused_prompt_ids"] == 0
   assert records[2].prompt_ids == tokenizer.render_chat(compacted[:2], None)
