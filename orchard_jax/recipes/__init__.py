@@ -13,10 +13,13 @@ JOBS = {
     "lm.sft": "lm:sft",
     "swe.build_tasks": "swe:build_tasks",
     "swe.evaluate": "swe:evaluate",
+    "swe.sft": "swe:sft",
+    "swe.rl": "swe:rl",
+    "swe.value": "swe:value",
     "swe_distill.collect": "swe_distill:collect",
-    "swe_distill.stats": "swe_distill:stats",
-    "swe_distill.export": "swe_distill:export",
-    "swe_distill.import": "swe_distill:import_trajectories",
+    "swe_distill.stats": "trajectory_data:stats",
+    "swe_distill.export": "trajectory_data:export",
+    "swe_distill.import": "trajectory_data:import_trajectories",
 }
 
 

@@ -6,20 +6,11 @@ Jobs (experiments/swe_distill.py; choose one with --config.job=NAME):
   swe_distill.collect  k attempts per task, `distill.parallel` at a time, each in its own
                        sandbox, every model call through the recording proxy, every submission
                        graded in a fresh sandbox; resumable, with budgets and a progress bar
-  swe_distill.stats    the store's dataset statistics: table printed, histograms as PNG files
-  swe_distill.export   store -> mini-swe-agent run folders and a Hugging Face datasets file
-  swe_distill.import   mini-swe-agent trajectory folders (collected anywhere) -> store
+  swe_distill.stats, swe_distill.export, swe_distill.import   see recipes/trajectory_data.py
 
-The teacher (config.teacher):
-  url ""     the embedded JAX engine serving `checkpoint` (an orbax checkpoint folder as the
-             trainer writes it, or a Hugging Face folder); with no checkpoint, a freshly
-             initialised policy of `preset` (it exercises the pipeline and resolves nothing).
-             The proxy's token-level path records prompt ids, sampled ids and log-probs.
-  url set    api "openai": any OpenAI-compatible endpoint (a hosted API, vLLM, SGLang's /v1),
-             `model` sent upstream, the key read from the environment variable `api_key_env`;
-             the proxy records messages only, marked text_only (SFT tokenises them with the
-             student's template, RL refuses them). api "sglang": an SGLang server's native
-             /generate (token-level, like the embedded engine) with the teacher's `tokenizer`.
+The teacher (config.teacher, recipes/teacher.py) is the embedded engine serving a checkpoint
+(token ids and log-probs recorded), an SGLang server (token ids recorded), or any
+OpenAI-compatible endpoint (messages recorded, marked text-only: SFT data, never RL data).
 
 Resuming. Trajectory ids are "{experiment}/{task_id}/{attempt}". A run skips every (task,
 attempt) pair whose trajectory the store already holds for the experiment. An attempt that
@@ -38,7 +29,6 @@ them (what a hosted API bills).
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import json
 import logging
@@ -48,157 +38,22 @@ import threading
 import time
 import traceback
 import uuid
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ml_collections import ConfigDict
 
 from orchard_jax import data
 from orchard_jax.recipes import swe
+from orchard_jax.recipes.teacher import Teacher, open_teacher
 from orchard_jax.tasks.swe import evaluation, testbed
 
 _log = logging.getLogger(__name__)
 
 ABORTED = "aborted"
-TEXT_ONLY_APIS = ("openai",)
-TOKEN_APIS = ("sglang",)
 
 
 class DistillError(ValueError):
   """A distillation setting is invalid (the message names the field, expected and seen)."""
-
-
-# ----------------------------------------------------------------------------- teacher
-
-
-@dataclasses.dataclass
-class Teacher:
-  """A running teacher behind the recording proxy.
-
-  Attributes:
-    proxy: the `rollout.RecordingProxy`; harnesses use `proxy.session_url(session_id)`.
-    model: the `model` field the harness sends.
-    description: one line saying what the teacher is (printed and stored in metadata).
-    text_only: True when its records carry no token ids (an OpenAI-compatible upstream).
-  """
-  proxy: Any
-  model: str
-  description: str
-  text_only: bool
-
-
-def load_teacher_policy(teacher: ConfigDict):
-  """The embedded teacher's (model, tokenizer, description) from `teacher.checkpoint`.
-
-  - a Hugging Face folder (config.json + *.safetensors): read with models.hf.load_pretrained;
-  - any other folder: an orbax checkpoint of the parameters (a trainer checkpoint folder whose
-    steps hold "state" -> "params", or one PyTree of them), restored into a policy of
-    `teacher.preset` with `teacher.model_overrides`;
-  - "": a freshly initialised policy of the preset (seed `teacher.seed`).
-  The tokenizer is the checkpoint's own when a "tokenizer" folder sits in the checkpoint
-  folder or beside it (the trainer recipes save one there), else `teacher.tokenizer`.
-
-  Raises:
-    DistillError: the checkpoint folder does not exist.
-    rollout.WeightUpdateError: the checkpoint does not fit the preset.
-  """
-  from flax import nnx
-
-  from orchard_jax import models
-  from orchard_jax.rollout.weights import load_params_from_disk
-
-  checkpoint = teacher.checkpoint
-  tokenizer_name = teacher.tokenizer
-  if checkpoint:
-    if not os.path.isdir(checkpoint):
-      raise DistillError(f"teacher.checkpoint {checkpoint!r} is not a folder; expected an "
-                         "orbax checkpoint folder or a Hugging Face folder")
-    for folder in (checkpoint, os.path.dirname(os.path.abspath(checkpoint))):
-      if os.path.isfile(os.path.join(folder, "tokenizer", "tokenizer.json")):
-        tokenizer_name = os.path.join(folder, "tokenizer")
-        break
-  tokenizer = data.load_tokenizer(tokenizer_name)
-  if checkpoint and os.path.isfile(os.path.join(checkpoint, "config.json")):
-    model_config, model = models.hf.load_pretrained(checkpoint)
-    return model, tokenizer, (f"checkpoint {checkpoint} (Hugging Face folder, "
-                              f"{model_config.architecture})")
-  model_config = dataclasses.replace(models.get_preset(teacher.preset),
-                                     **dict(teacher.get("model_overrides", {}) or {}))
-  if model_config.vocab_size < tokenizer.vocab_size:
-    raise DistillError(f"teacher.preset {teacher.preset!r} has vocab_size "
-                       f"{model_config.vocab_size}; the tokenizer {tokenizer_name!r} needs "
-                       f"{tokenizer.vocab_size}")
-  model = models.CausalLM(model_config, rngs=nnx.Rngs(int(teacher.seed)))
-  if not checkpoint:
-    return model, tokenizer, (f"a freshly initialised {teacher.preset} policy (seed "
-                              f"{teacher.seed}; no teacher.checkpoint given: it exercises the "
-                              "pipeline and is not expected to resolve anything)")
-  state = nnx.state(model, nnx.Param)
-  nnx.replace_by_pure_dict(state, load_params_from_disk(checkpoint, state, load_format="orbax"))
-  nnx.update(model, state)
-  return model, tokenizer, f"checkpoint {checkpoint} (orbax, preset {teacher.preset})"
-
-
-@contextlib.contextmanager
-def open_teacher(teacher: ConfigDict, store: data.TrajectoryStore, *,
-                 max_batch_size: int = 2) -> Iterator[Teacher]:
-  """Starts the teacher (see the module docstring) behind a recording proxy writing to `store`.
-
-  Args:
-    teacher: the `teacher` ConfigDict of experiments/swe_distill.py.
-    store: where the proxy appends every model call.
-    max_batch_size: the embedded engine's most concurrent requests (the run's parallelism).
-  Yields:
-    A `Teacher`.
-  Raises:
-    DistillError: an unknown teacher.api, or api "sglang" without a tokenizer.
-  """
-  from orchard_jax import rollout
-
-  proxy_kwargs = dict(store=store, tool_call_parser=teacher.tool_call_parser,
-                      served_model_name=teacher.model or "teacher")
-  if teacher.url:
-    api = teacher.api
-    if api in TEXT_ONLY_APIS:
-      if not teacher.model:
-        raise DistillError("teacher.model is empty; an OpenAI-compatible endpoint needs the "
-                           "model name to request (e.g. --config.teacher.model=gpt-4.1)")
-      upstream = rollout.OpenAIUpstream(teacher.url, teacher.model,
-                                        api_key_env=teacher.api_key_env,
-                                        timeout_s=float(teacher.timeout_s),
-                                        max_retries=int(teacher.max_retries))
-      tokenizer = None
-      description = (f"OpenAI-compatible endpoint {teacher.url} serving {teacher.model!r} "
-                     "(records are text-only)")
-    elif api in TOKEN_APIS:
-      if not teacher.tokenizer:
-        raise DistillError("teacher.api 'sglang' records token ids; set teacher.tokenizer to "
-                           "the teacher's tokenizer (a Hugging Face name or folder)")
-      tokenizer = data.load_tokenizer(teacher.tokenizer)
-      upstream = rollout.SGLangUpstream(teacher.url, api_key=os.environ.get(teacher.api_key_env),
-                                        timeout_s=float(teacher.timeout_s),
-                                        max_retries=int(teacher.max_retries))
-      description = f"SGLang server {teacher.url} (token ids recorded)"
-    else:
-      raise DistillError(f"teacher.api must be one of {TEXT_ONLY_APIS + TOKEN_APIS}, got {api!r}")
-    with rollout.RecordingProxy(upstream, tokenizer=tokenizer, **proxy_kwargs) as proxy:
-      yield Teacher(proxy, teacher.model or "teacher", description, upstream.text_only)
-    return
-  model, tokenizer, description = load_teacher_policy(teacher)
-  engine_config = dict(teacher.engine)
-  engine_config["max_batch_size"] = max_batch_size
-  engine_config["batch_buckets"] = tuple(b for b in engine_config.get("batch_buckets", ())
-                                         if b < max_batch_size) + (max_batch_size,)
-  for key in ("cache_len_buckets", "prefill_chunk_buckets"):
-    if key in engine_config:
-      engine_config[key] = tuple(engine_config[key])
-  engine = rollout.Engine(model, tokenizer, config=rollout.EngineConfig(**engine_config),
-                          model_path=teacher.checkpoint or f"init:{teacher.preset}")
-  with rollout.InferenceServer(engine, served_model_name=teacher.model or "teacher",
-                               tool_call_parser=teacher.tool_call_parser) as server, \
-      rollout.RecordingProxy(rollout.SGLangUpstream(server.url), tokenizer=tokenizer,
-                             **proxy_kwargs) as proxy:
-    yield Teacher(proxy, teacher.model or "teacher", f"embedded engine serving {description}",
-                  False)
 
 
 # ----------------------------------------------------------------------------- budgets
@@ -571,95 +426,3 @@ def collect(config: ConfigDict) -> CollectionSummary:
     stats = data.dataset_stats(store.trajectories(experiment=config.experiment), store=store)
     print(f"\nstore, experiment {config.experiment!r}:\n{stats.table()}", flush=True)
   return summary
-
-
-def stats(config: ConfigDict) -> data.DatasetStats:
-  """Job "swe_distill.stats": prints the dataset statistics of the store (experiment
-  `config.experiment`, or every trajectory when it is empty), a per-task table, and writes the
-  histograms as PNG files to stats.plots_dir (default workdir/stats).
-
-  Tokens per trajectory come from the recorded ids; text-only trajectories are counted with
-  stats.tokenizer (the student's). "too_long" flags trajectories over stats.max_tokens.
-  """
-  sc = config.stats
-  path = store_path(config)
-  if not os.path.isdir(path):
-    raise DistillError(f"no trajectory store at {path!r}; run the collect job first or set "
-                       "--config.store=PATH")
-  tokenizer = data.load_tokenizer(sc.tokenizer) if sc.tokenizer else None
-  with data.TrajectoryStore(path) as store:
-    trajectories = store.trajectories(experiment=config.experiment or None)
-    result = data.dataset_stats(trajectories, store=store, tokenizer=tokenizer,
-                                max_tokens=int(sc.max_tokens) or None)
-  plots_dir = sc.plots_dir or os.path.join(config.workdir, "stats")
-  written = data.plot_histograms(result, plots_dir)
-  which = f"experiment {config.experiment!r}" if config.experiment else "all experiments"
-  print(f"store {path}, {which}:\n{result.table()}\n\n{per_task_table(result)}", flush=True)
-  with open(os.path.join(plots_dir, "summary.json"), "w") as f:
-    json.dump(result.summary(), f, indent=2, default=float)
-  print(f"\nplots: {', '.join(str(p) for p in written)}", flush=True)
-  return result
-
-
-def per_task_table(result: data.DatasetStats) -> str:
-  """One line per task: trajectories, resolved, resolve rate (sorted by task id)."""
-  if not result.per_task:
-    return "(no trajectories)"
-  width = max(len("task"), *(len(t) for t in result.per_task))
-  lines = [f"{'task':<{width}}  trajectories  resolved  rate"]
-  for task in sorted(result.per_task):
-    n, r = result.per_task[task], result.resolved_per_task.get(task, 0)
-    lines.append(f"{task:<{width}}  {n:>12}  {r:>8}  {r / n:>4.0%}")
-  return "\n".join(lines)
-
-
-def export(config: ConfigDict) -> dict[str, Any]:
-  """Job "swe_distill.export": writes the experiment's trajectories (every one when
-  config.experiment is empty) as mini-swe-agent run folders (export.miniswe_dir, default
-  workdir/export/miniswe; attempt_<k>/<task>/<task>.traj.json + preds.json) and as a Hugging
-  Face datasets file (export.hf_path, default workdir/export/trajectories.parquet; "none" skips
-  either).
-
-  Returns:
-    {"trajectories": n, "miniswe_files": [...], "hf_path": str | None}.
-  Raises:
-    DistillError: the store holds no such trajectory.
-  """
-  ec = config.export
-  with data.TrajectoryStore(store_path(config)) as store:
-    trajectories = store.trajectories(experiment=config.experiment or None)
-  if not trajectories:
-    raise DistillError(f"store {store_path(config)!r} holds no trajectories of experiment "
-                       f"{config.experiment!r}; nothing to export")
-  out = {"trajectories": len(trajectories), "miniswe_files": [], "hf_path": None}
-  export_dir = os.path.join(config.workdir, "export")
-  miniswe_dir = ec.miniswe_dir or os.path.join(export_dir, "miniswe")
-  if miniswe_dir != "none":
-    out["miniswe_files"] = [str(p) for p in data.export_miniswe(trajectories, miniswe_dir)]
-    print(f"mini-swe-agent: {len(out['miniswe_files'])} trajectories under {miniswe_dir}")
-  hf_path = ec.hf_path or os.path.join(export_dir, "trajectories.parquet")
-  if hf_path != "none":
-    data.export_hf_dataset(trajectories, hf_path)
-    out["hf_path"] = hf_path
-    print(f"Hugging Face datasets: {len(trajectories)} rows in {hf_path}")
-  return out
-
-
-def import_trajectories(config: ConfigDict) -> list[data.Trajectory]:
-  """Job "swe_distill.import": reads every mini-swe-agent *.traj.json under
-  config.import_from (a file, a run folder or a folder of run folders) into the store;
-  trajectories that name no experiment get config.import_experiment.
-
-  Raises:
-    DistillError: import_from is empty.
-    data.TrajectoryFormatError: a file is not a mini-swe-agent trajectory, or none was found.
-  """
-  if not config.import_from:
-    raise DistillError("set --config.import_from=FOLDER (mini-swe-agent trajectory folders)")
-  with data.TrajectoryStore(store_path(config)) as store:
-    trajectories = data.import_miniswe(config.import_from, store,
-                                       experiment=config.import_experiment or None)
-  tasks = len({t.task_id for t in trajectories})
-  print(f"imported {len(trajectories)} trajectories of {tasks} tasks from {config.import_from} "
-        f"into {store_path(config)}")
-  return trajectories
