@@ -5,10 +5,13 @@ Public API:
   SFTLoss, PolicyLoss, ValueLoss, make_loss(name, **settings)
   token_logprobs(model, input_ids, positions, segment_ids, *, chunk_size, with_entropy)
   chunked_token_logprobs(logits_fn, hidden, input_ids, segment_ids, *, chunk_size, ...)
-  TrainerConfig, Trainer(model, loss, config, *, mesh)      the loop (context manager)
+  TrainerConfig, Trainer(model, loss, config, *, mesh)      the loop (context manager):
+    fit(batch_for_step, eval_fn=), train_step(batch, extra_meta=), evaluate(batches),
+    token_logprobs(batch, params=None), save(), model(), step, state, meta, restored_step
   Checkpointer(directory, *, save_every, keep, async_save), abstract_like, restore_params
   MetricsWriter(directory, *, tensorboard, start_step), read_metrics(directory), ProgressBar
-  ModelParts, build_train_step, build_eval_step, state_shardings, init_train_state
+  ModelParts, build_train_step, build_eval_step, build_logprob_step, state_shardings,
+  init_train_state
   TrainError, CheckpointMismatch
 """
 from orchard_jax.train.checkpoint import Checkpointer, abstract_like, restore_params
@@ -19,6 +22,6 @@ from orchard_jax.train.metrics import MetricsWriter, ProgressBar, read_metrics
 from orchard_jax.train.optimizer import (SCHEDULES, OptimizerConfig, learning_rate_schedule,
                                          make_optimizer)
 from orchard_jax.train.step import (ModelParts, batch_partition_spec, build_eval_step,
-                                    build_train_step, data_parallel_size, init_train_state,
+                                    build_logprob_step, build_train_step, data_parallel_size, init_train_state,
                                     state_shardings)
 from orchard_jax.train.trainer import Trainer, TrainerConfig

@@ -22,7 +22,8 @@ class OptimizerConfig:
     learning_rate: peak learning rate (after warmup).
     end_learning_rate: the value the decay ends at (cosine: 1e-5 -> 1e-6 in Orchard's SFT).
     warmup_steps: linear warmup from 0 to learning_rate.
-    total_steps: steps of warmup + decay; after it the rate stays at end_learning_rate.
+    total_steps: steps of warmup + decay; after it the rate stays at end_learning_rate. 0 means
+      "the run's length": Trainer fills in TrainerConfig.total_steps.
     schedule: "cosine" (warmup + cosine decay), "constant" (warmup, then flat: Orchard's OPD),
       or "linear" (warmup + linear decay).
     weight_decay: AdamW's decoupled weight decay, applied to matrices only (ndim >= 2), not to
@@ -33,7 +34,7 @@ class OptimizerConfig:
   learning_rate: float = 3e-4
   end_learning_rate: float = 3e-5
   warmup_steps: int = 100
-  total_steps: int = 10_000
+  total_steps: int = 0
   schedule: str = "cosine"
   weight_decay: float = 0.1
   b1: float = 0.9
@@ -44,8 +45,8 @@ class OptimizerConfig:
   def __post_init__(self):
     if self.schedule not in SCHEDULES:
       raise TrainError(f"schedule is {self.schedule!r}; expected one of {SCHEDULES}")
-    if self.warmup_steps < 0 or self.total_steps < 1:
-      raise TrainError(f"need warmup_steps >= 0 and total_steps >= 1; saw {self.warmup_steps}, "
+    if self.warmup_steps < 0 or self.total_steps < 0:
+      raise TrainError(f"need warmup_steps >= 0 and total_steps >= 0; saw {self.warmup_steps}, "
                        f"{self.total_steps}")
     if self.learning_rate < 0 or self.end_learning_rate < 0:
       raise TrainError(f"learning rates must be >= 0; saw {self.learning_rate}, "
@@ -53,21 +54,26 @@ class OptimizerConfig:
 
 
 def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
-  """step -> learning rate: linear warmup over warmup_steps, then the configured decay."""
+  """step -> learning rate: linear warmup over warmup_steps, then the configured decay.
+
+  Raises:
+    TrainError: total_steps is 0 (left for the Trainer to fill in, but used directly).
+  """
+  if config.total_steps < 1:
+    raise TrainError("OptimizerConfig.total_steps is 0; set it, or let Trainer fill it in with "
+                     "the run's total_steps")
   warmup = min(config.warmup_steps, config.total_steps)
   decay_steps = max(config.total_steps - warmup, 1)
+  peak, end = config.learning_rate, config.end_learning_rate
   if config.schedule == "cosine":
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=config.learning_rate, warmup_steps=warmup,
-        decay_steps=warmup + decay_steps, end_value=config.end_learning_rate)
-  if config.schedule == "linear":
-    decay = optax.linear_schedule(config.learning_rate, config.end_learning_rate, decay_steps)
+    decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=end / peak if peak else 0.0)
+  elif config.schedule == "linear":
+    decay = optax.linear_schedule(peak, end, decay_steps)
   else:
-    decay = optax.constant_schedule(config.learning_rate)
+    decay = optax.constant_schedule(peak)
   if warmup == 0:
     return decay
-  return optax.join_schedules([optax.linear_schedule(0.0, config.learning_rate, warmup), decay],
-                              [warmup])
+  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
 
 
 def _decay_mask(params):

@@ -195,10 +195,31 @@ def build_eval_step(parts: ModelParts, loss: Any, *, mesh: Mesh, param_shardings
     value, metrics, aux = loss(parts.merge(params), batch, normalizer)
     out = dict(metrics)
     out["loss"] = value
-    out["normalizer"] = jax.tree.leaves(normalizer)[0].astype(jnp.float32)
+    # the policy loss's own denominator weighs batches (its OPD term has another one)
+    main = normalizer["pg"] if isinstance(normalizer, dict) else normalizer
+    out["normalizer"] = jnp.asarray(main, jnp.float32)
     return out
 
   jitted = jax.jit(evaluate, in_shardings=(param_shardings, None))
+
+  def run(params, batch):
+    with jax.set_mesh(mesh):
+      return jitted(params, batch)
+  return run
+
+
+def build_logprob_step(parts: ModelParts, *, mesh: Mesh, param_shardings: dict,
+                       chunk_size: int = 512) -> Callable[[dict, dict], jax.Array]:
+  """A jitted `(params, batch) -> logp [batch, seq]` of the batch's own tokens (aligned as
+  CONTRACTS.md says), for reference-policy, proximal or teacher log-probs of a packed batch."""
+  from orchard_jax.train.logprobs import token_logprobs
+
+  def logprobs(params, batch):
+    logp, _, _ = token_logprobs(parts.merge(params), batch["input_ids"], batch["positions"],
+                                batch["segment_ids"], chunk_size=chunk_size, with_entropy=False)
+    return logp
+
+  jitted = jax.jit(logprobs, in_shardings=(param_shardings, None))
 
   def run(params, batch):
     with jax.set_mesh(mesh):

@@ -33,7 +33,7 @@ class TrainerConfig:
   Attributes:
     workdir: run directory: checkpoints/, metrics.jsonl, tensorboard/.
     total_steps: optimiser updates of the run.
-    optimizer: OptimizerConfig (its total_steps defaults to this run's when left at 0).
+    optimizer: OptimizerConfig (its total_steps, when left at 0, becomes this run's).
     microbatches: gradient-accumulation steps per update.
     load_balancing_coef: weight of the MoE load-balancing loss (ModelConfig.router_aux_loss_coef
       by convention; the recipe passes it).
@@ -87,6 +87,8 @@ class Trainer:
     self.mesh = mesh if mesh is not None else parallel.make_mesh({"data": -1})
     self.parts = step_lib.ModelParts.of(model)
     opt_config = config.optimizer
+    if opt_config.total_steps == 0:
+      opt_config = dataclasses.replace(opt_config, total_steps=config.total_steps)
     self.schedule = learning_rate_schedule(opt_config)
     self.optimizer = make_optimizer(opt_config)
     params = self.parts.pure_params()
@@ -114,7 +116,7 @@ class Trainer:
     self.metrics = MetricsWriter(config.workdir, tensorboard=config.tensorboard,
                                  start_step=self.step)
     self._progress = ProgressBar(config.total_steps, self.step, enabled=config.progress or False)
-    self._last_time = None
+    self._logprob_fn = None
 
   # -- state ---------------------------------------------------------------------------------
   def _restore_or_init(self) -> None:
@@ -188,6 +190,18 @@ class Trainer:
     if step % self.config.save_every == 0:
       self.save(force=False)
     return out
+
+  def token_logprobs(self, batch: Mapping[str, Any], params: Optional[dict] = None) -> np.ndarray:
+    """log-probs [batch, seq] of a packed batch's tokens under `params` (default: the current
+    ones), e.g. the reference policy's for the KL term or pi_old before several updates."""
+    if self._logprob_fn is None:
+      chunk = getattr(self.loss, "chunk_size", 512)
+      self._logprob_fn = step_lib.build_logprob_step(
+          self.parts, mesh=self.mesh, param_shardings=self.shardings["params"], chunk_size=chunk)
+    params = self.state["params"] if params is None else params
+    keys = ("input_ids", "positions", "segment_ids")
+    return np.asarray(jax.device_get(self._logprob_fn(params, self._put(
+        {k: batch[k] for k in keys}))))
 
   def evaluate(self, batches) -> dict:
     """Loss over held-out batches, weighted by each batch's normaliser (tokens or sequences)."""

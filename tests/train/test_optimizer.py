@@ -58,3 +58,5 @@ def test_global_norm_clipping():
 def test_bad_config():
   with pytest.raises(train.TrainError, match="schedule"):
     train.OptimizerConfig(schedule="step")
+  with pytest.raises(train.TrainError, match="total_steps is 0"):
+    train.learning_rate_schedule(train.OptimizerConfig())   # the Trainer fills it in

@@ -147,3 +147,14 @@ def test_bfloat16_compute_keeps_float32_master_weights():
   assert dtypes == {np.dtype("float32")} and moments == {np.dtype("float32")}
   _, again = step(new_state, batch)
   assert float(again["loss"]) < float(metrics["loss"])
+
+
+def test_logprob_step_matches_full_logits(sft_on_8_devices):
+  run = sft_on_8_devices
+  mesh = mesh_of(8)
+  parts = train.ModelParts.of(run["model"])
+  fn = train.build_logprob_step(parts, mesh=mesh, param_shardings=parts.param_shardings(mesh),
+                                chunk_size=8)
+  logits, _ = _forward(run["model"], run["batch"])
+  np.testing.assert_allclose(np.asarray(fn(parts.pure_params(), run["batch"])),
+                             _numpy_logp(logits, run["batch"]), rtol=1e-4, atol=1e-4)
