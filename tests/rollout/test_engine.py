@@ -244,3 +244,29 @@ def test_hybrid_deltanet_model_parity_and_row_reuse(tokenizer):
     reference, _ = _reference_logprobs(model, prompt + out.output_ids)
     np.testing.assert_allclose(recorded, reference, atol=1e-4, rtol=0)
   assert later[1].output_ids == first[0].output_ids  # same seed, reused row, same tokens
+
+
+def test_weight_update_from_the_trainers_checkpoint_folder(engine, small_model, small_config,
+                                                           tmp_path):
+  """`/update_weights_from_disk` reads the trainer's Checkpointer layout (latest step, item
+  "state" holding {"params": ...} next to optimiser state)."""
+  from orchard_jax.train.checkpoint import Checkpointer
+
+  prompt = [41, 42, 43]
+  original = nnx.state(small_model, nnx.Param)
+  other = CausalLM(small_config, rngs=nnx.Rngs(5))
+  version = engine.weight_version
+  with Checkpointer(str(tmp_path / "ckpt"), async_save=False) as checkpointer:
+    checkpointer.save(3, {"params": nnx.to_pure_dict(original), "step": jnp.asarray(3)},
+                      force=True)
+    checkpointer.save(9, {"params": nnx.to_pure_dict(nnx.state(other, nnx.Param)),
+                          "step": jnp.asarray(9)}, force=True)
+  try:
+    engine.update_weights_from_disk(str(tmp_path / "ckpt"), weight_version="9")
+    out = engine.generate([_request(prompt, max_new_tokens=6, temperature=0.0,
+                                    ignore_eos=True)])[0]
+    reference, _ = _reference_logprobs(other, prompt + out.output_ids)  # the latest step
+    np.testing.assert_allclose(out.output_logprobs, reference[len(prompt) - 1:], atol=1e-4)
+    assert out.meta_info.weight_version == "9"
+  finally:
+    engine.update_params(original, weight_version=version)
