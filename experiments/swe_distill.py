@@ -17,13 +17,24 @@ tasks of the default task set, 2 attempts each. A real teacher:
       --config.teacher.tokenizer=Qwen/Qwen3.5-35B-A3B                  # SGLang, token ids recorded
 and a bigger run: --config.tasks.limit=0 --config.distill.attempts_per_task=8
 --config.distill.parallel=16 --config.agent.step_limit=100 --config.sampling.max_tokens=0.
+
+Presets: "tiny" (above) and "cluster": the fleet's Orchard Env and SGLang teacher servers
+(launch/fleet.py with the teacher server enabled; ORCHARD_ENV_URL, ORCHARD_ENV_API_KEY,
+ORCHARD_SGLANG_TEACHER_URL(S), ORCHARD_CHECKPOINT_DIR), every task, 4 attempts each, 64 at a
+time; set --config.teacher.tokenizer=/models/NAME to the teacher's model folder.
 """
+import os
+
 import ml_collections
 
 from experiments import common
 
+PRESETS = ("tiny", "cluster")
+
 
 def get_config(preset="tiny"):
+  if preset not in PRESETS:
+    raise ValueError(f"preset {preset!r} is not one of {PRESETS}")
   config = ml_collections.ConfigDict()
   config.job = "swe_distill.collect"
   config.experiment = "swe_distill"   # stored on every trajectory; resuming and stats filter on it
@@ -79,4 +90,19 @@ def get_config(preset="tiny"):
   ))
   config.import_from = ""       # mini-swe-agent trajectory file or folder (job swe_distill.import)
   config.import_experiment = "imported"  # experiment of imported trajectories that name none
+  if preset == "cluster":
+    config.workdir = os.path.join(os.environ.get("ORCHARD_CHECKPOINT_DIR", "runs"), "swe_distill")
+    config.env.url = os.environ.get("ORCHARD_ENV_URL", "")
+    config.env.api_key = os.environ.get("ORCHARD_ENV_API_KEY", "")
+    config.teacher.url = (os.environ.get("ORCHARD_SGLANG_TEACHER_URLS")
+                          or os.environ.get("ORCHARD_SGLANG_TEACHER_URL", ""))
+    config.teacher.api, config.teacher.tokenizer = "sglang", ""
+    config.teacher.preset = "qwen3_5_35b_a3b"   # only if teacher.url is cleared (embedded)
+    config.teacher.tool_call_parser = "qwen3_xml"
+    config.tasks.limit = 0
+    config.agent.step_limit, config.agent.wall_time_limit_s = 100, 1800.0
+    config.agent.command_timeout_s = 60.0
+    config.sampling.update(dict(temperature=0.95, top_p=0.95, max_tokens=4096))
+    config.distill.update(dict(attempts_per_task=4, parallel=64))
+    config.stats.max_tokens = 65536
   return config

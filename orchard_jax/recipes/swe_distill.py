@@ -213,7 +213,8 @@ def run_attempt(instance, attempt: int, client, teacher: Teacher, store: data.Tr
   started = time.time()
   agent, model, result, stage = None, None, None, "setup"
   metadata = {"teacher": teacher.description, "model": teacher.model,
-              "text_only": teacher.text_only, "harness": "orchard_jax.harness.bash_agent"}
+              "text_only": teacher.text_only, "teacher_tokenizer": teacher.tokenizer,
+              "harness": "orchard_jax.harness.bash_agent"}
   try:
     with factory(instance) as sandbox:
       ready = sandbox.run(testbed.setup_script(instance, workdir=config.workdir), timeout_s=300)
@@ -337,9 +338,9 @@ def collect_trajectories(instances: Sequence, client, teacher: Teacher,
       if trajectory.resolved is not None:
         summary.evaluated += 1
         summary.resolved += bool(trajectory.resolved)
-    bar.update(1)
     bar.set_postfix_str(f"resolved {summary.resolved}/{summary.evaluated}, aborted "
-                        f"{summary.aborted}, tokens {state.tokens}")
+                        f"{summary.aborted}, tokens {state.tokens}", refresh=False)
+    bar.update(1)
 
   with concurrent.futures.ThreadPoolExecutor(parallel, thread_name_prefix="distill") as pool:
     try:

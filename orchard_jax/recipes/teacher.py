@@ -12,7 +12,8 @@ The teacher config (experiments/swe_distill.py's `teacher`):
              (never from the config); the proxy records messages only, marked text_only (SFT
              tokenises them with the student's template, RL refuses them). api "sglang": an
              SGLang server's native /generate (token-level, like the embedded engine) with the
-             teacher's `tokenizer`.
+             teacher's `tokenizer`; `url` may list several servers, comma-separated (the
+             client keeps each session on one server).
 """
 from __future__ import annotations
 
@@ -42,11 +43,14 @@ class Teacher:
     model: the `model` field the harness sends.
     description: one line saying what the teacher is (printed and stored in metadata).
     text_only: True when its records carry no token ids (an OpenAI-compatible upstream).
+    tokenizer: name or folder of the tokenizer its recorded ids belong to (None when
+      text-only). A student with another tokenizer must re-tokenise the messages instead.
   """
   proxy: Any
   model: str
   description: str
   text_only: bool
+  tokenizer: str | None = None
 
 
 def load_teacher_policy(teacher: ConfigDict):
@@ -139,14 +143,16 @@ def open_teacher(teacher: ConfigDict, store: data.TrajectoryStore, *,
         raise TeacherError("teacher.api 'sglang' records token ids; set teacher.tokenizer to "
                            "the teacher's tokenizer (a Hugging Face name or folder)")
       tokenizer = data.load_tokenizer(teacher.tokenizer)
-      upstream = rollout.SGLangUpstream(teacher.url, api_key=os.environ.get(teacher.api_key_env),
+      urls = [u.strip() for u in teacher.url.split(",") if u.strip()]
+      upstream = rollout.SGLangUpstream(urls, api_key=os.environ.get(teacher.api_key_env),
                                         timeout_s=float(teacher.timeout_s),
                                         max_retries=int(teacher.max_retries))
       description = f"SGLang server {teacher.url} (token ids recorded)"
     else:
       raise TeacherError(f"teacher.api must be one of {TEXT_ONLY_APIS + TOKEN_APIS}, got {api!r}")
     with rollout.RecordingProxy(upstream, tokenizer=tokenizer, **proxy_kwargs) as proxy:
-      yield Teacher(proxy, teacher.model or "teacher", description, upstream.text_only)
+      yield Teacher(proxy, teacher.model or "teacher", description, upstream.text_only,
+                    None if tokenizer is None else tokenizer.name)
     return
   model, tokenizer, description = load_teacher_policy(teacher)
   engine_config = dict(teacher.engine)
@@ -163,5 +169,5 @@ def open_teacher(teacher: ConfigDict, store: data.TrajectoryStore, *,
       rollout.RecordingProxy(rollout.SGLangUpstream(server.url), tokenizer=tokenizer,
                              **proxy_kwargs) as proxy:
     yield Teacher(proxy, teacher.model or "teacher", f"embedded engine serving {description}",
-                  False)
+                  False, tokenizer.name)
 

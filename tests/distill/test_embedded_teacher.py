@@ -46,6 +46,7 @@ def test_embedded_teacher_collects_token_level_records_and_resumes(tmp_path, dis
       # a random policy writes no bash block: two format errors, then the step limit
       assert trajectory.exit_status == "LimitsExceeded" and trajectory.resolved is False
       assert trajectory.metadata["text_only"] is False
+      assert trajectory.metadata["teacher_tokenizer"] == "tiny"
       calls = store.model_calls(trajectory.session_id)
       assert len(calls) == 2 == trajectory.metadata["model_calls"]
       for call in calls:

@@ -66,6 +66,7 @@ def test_every_call_is_recorded_text_only_with_its_outcome(hosted_run):
     assert trajectory.task_id == hosted_run["instance"].instance_id
     assert trajectory.trajectory_id == f"swe_distill/{trajectory.task_id}/{attempt}"
     assert trajectory.metadata["text_only"] is True
+    assert trajectory.metadata["teacher_tokenizer"] is None
     calls = hosted_run["calls"][attempt]
     assert [c.call_index for c in calls] == list(range(len(hosted_run["scripts"][attempt])))
     for call, reply in zip(calls, hosted_run["scripts"][attempt]):
