@@ -59,10 +59,12 @@ def load_teacher_policy(teacher: ConfigDict):
   - a Hugging Face folder (config.json + *.safetensors): read with models.hf.load_pretrained;
   - any other folder: an orbax checkpoint of the parameters (a trainer checkpoint folder whose
     steps hold "state" -> "params", or one PyTree of them), restored into a policy of
-    `teacher.preset` with `teacher.model_overrides`;
+    `teacher.preset` with `teacher.model_overrides`. A recipe's run folder works too: its
+    "rl/checkpoints", else "sft/checkpoints", else "checkpoints" is read (latest step);
   - "": a freshly initialised policy of the preset (seed `teacher.seed`).
-  The tokenizer is the checkpoint's own when a "tokenizer" folder sits in the checkpoint
-  folder or beside it (the trainer recipes save one there), else `teacher.tokenizer`.
+  The tokenizer is the checkpoint's own when a "tokenizer" folder sits in the given folder or
+  up to two levels above the checkpoints (the recipes save one in their run folder), else
+  `teacher.tokenizer`.
 
   Raises:
     TeacherError: the checkpoint folder does not exist.
@@ -79,7 +81,10 @@ def load_teacher_policy(teacher: ConfigDict):
     if not os.path.isdir(checkpoint):
       raise TeacherError(f"teacher.checkpoint {checkpoint!r} is not a folder; expected an "
                          "orbax checkpoint folder or a Hugging Face folder")
-    for folder in (checkpoint, os.path.dirname(os.path.abspath(checkpoint))):
+    if not os.path.isfile(os.path.join(checkpoint, "config.json")):
+      checkpoint = _checkpoints_in(checkpoint)
+    parent = os.path.dirname(os.path.abspath(checkpoint))
+    for folder in (teacher.checkpoint, checkpoint, parent, os.path.dirname(parent)):
       if os.path.isfile(os.path.join(folder, "tokenizer", "tokenizer.json")):
         tokenizer_name = os.path.join(folder, "tokenizer")
         break
@@ -105,6 +110,15 @@ def load_teacher_policy(teacher: ConfigDict):
   nnx.update(model, state)
   return model, tokenizer, (f"checkpoint {checkpoint} (orbax, preset {teacher.preset}; "
                             f"tokenizer {tokenizer_name})")
+
+
+def _checkpoints_in(path: str) -> str:
+  """The checkpoints folder of a run folder (rl/, then sft/, then plain), else `path`."""
+  for sub in ("rl/checkpoints", "sft/checkpoints", "checkpoints"):
+    folder = os.path.join(path, sub)
+    if os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder)):
+      return folder
+  return path
 
 
 @contextlib.contextmanager

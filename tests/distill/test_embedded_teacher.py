@@ -88,12 +88,20 @@ def _params(model):
 
 def test_teacher_checkpoints_load_as_written(tmp_path, tok):
   from orchard_jax.rollout import save_params
+  from orchard_jax.train.checkpoint import Checkpointer
 
   config = dataclasses.replace(models.get_preset("tiny"), dtype="float32", **SMALL)
   trained = models.CausalLM(config, rngs=nnx.Rngs(7))
   save_params(str(tmp_path / "run" / "checkpoints"), nnx.state(trained, nnx.Param))
   tok.save(str(tmp_path / "run" / "tokenizer"))    # a recipe's workdir layout
   hf.save_pretrained(trained, config, str(tmp_path / "hf"))
+  # a recipe run folder: the trainer's checkpoints under sft/ and rl/ (rl is the later stage)
+  later = models.CausalLM(config, rngs=nnx.Rngs(8))
+  for stage, model in (("sft", trained), ("rl", later)):
+    with Checkpointer(str(tmp_path / "swe_run" / stage / "checkpoints"), async_save=False) as c:
+      c.save(3, {"params": nnx.to_pure_dict(nnx.state(model, nnx.Param)),
+                 "step": np.int32(3)}, force=True)
+  tok.save(str(tmp_path / "swe_run" / "tokenizer"))
 
   fresh, _, description = teacher.load_teacher_policy(_teacher_config(tmp_path))
   assert "freshly initialised" in description
@@ -106,6 +114,11 @@ def test_teacher_checkpoints_load_as_written(tmp_path, tok):
       assert f"tokenizer {tmp_path / 'run' / 'tokenizer'}" in description
     for got, want in zip(_params(model), _params(trained)):
       np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-  assert tokenizer.vocab_size == tok.vocab_size
+  run_model, _, description = teacher.load_teacher_policy(
+      _teacher_config(tmp_path, checkpoint=str(tmp_path / "swe_run")))
+  assert "swe_run/rl/checkpoints (orbax" in description
+  assert f"tokenizer {tmp_path / 'swe_run' / 'tokenizer'}" in description
+  for got, want in zip(_params(run_model), _params(later)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   with pytest.raises(teacher.TeacherError, match="is not a folder"):
     teacher.load_teacher_policy(_teacher_config(tmp_path, checkpoint=str(tmp_path / "no")))
