@@ -14,7 +14,8 @@ OpenAI-compatible endpoint (messages recorded, marked text-only: SFT data, never
 
 Resuming. Trajectory ids are "{experiment}/{task_id}/{attempt}". A run skips every (task,
 attempt) pair whose trajectory the store already holds for the experiment. An attempt that
-raises (a sandbox that died, an evaluation that crashed, the run interrupted) is stored with
+raises (a sandbox that died, an evaluation that crashed, the run interrupted, a teacher endpoint
+that stayed unreachable or answered 429/5xx after the retries) is stored with
 exit_status "aborted", its partial messages and the error; the next run tries it again (its
 new record supersedes the aborted one) unless distill.retry_aborted is False. Each try talks
 through its own proxy session, so the calls of an aborted try never mix with its retry's.
@@ -229,6 +230,8 @@ def run_attempt(instance, attempt: int, client, teacher: Teacher, store: data.Tr
         result = agent.run(instance.problem_statement)
     if state.stop.is_set():
       raise KeyboardInterrupt("the collection run was interrupted during the agent's run")
+    if result.exit_status == "ModelError" and _transient_model_error(result):
+      raise TransientTeacherError(result.messages[-1].get("extra", {}).get("exception_str", ""))
     trajectory = result.to_trajectory(task_id=task_id, attempt=attempt, session_id=session_id,
                                       trajectory_id=trajectory_id(experiment, task_id, attempt),
                                       metadata=metadata)
@@ -264,6 +267,21 @@ def run_attempt(instance, attempt: int, client, teacher: Teacher, store: data.Tr
       "seconds": round(time.time() - started, 3)})
   store.append_trajectory(trajectory)
   return trajectory
+
+
+class TransientTeacherError(RuntimeError):
+  """The teacher endpoint was unreachable or overloaded (connection error, 429, 5xx) after the
+  client's retries: the attempt is aborted (and retried by the next run), not stored as the
+  teacher's behaviour."""
+
+
+def _transient_model_error(result) -> bool:
+  """True when a ModelError exit came from the endpoint's availability, not from the request:
+  an HTTP 4xx answer other than 429 (e.g. a prompt over the context length) is the teacher's
+  outcome and is kept; anything else (no answer, 429, 5xx) is transient."""
+  text = result.messages[-1].get("extra", {}).get("exception_str", "") if result.messages else ""
+  status = re.search(r" answered (\d{3})", text)
+  return status is None or not (400 <= int(status.group(1)) < 500 and status.group(1) != "429")
 
 
 def _safe(text: str) -> str:
@@ -424,6 +442,8 @@ def collect(config: ConfigDict) -> CollectionSummary:
     print(summary.table(), flush=True)
     with open(os.path.join(config.workdir, "collect_summary.json"), "w") as f:
       json.dump({**dataclasses.asdict(summary), "teacher": description}, f, indent=2)
-    stats = data.dataset_stats(store.trajectories(experiment=config.experiment), store=store)
+    tokenizer = data.load_tokenizer(config.stats.tokenizer) if config.stats.tokenizer else None
+    stats = data.dataset_stats(store.trajectories(experiment=config.experiment), store=store,
+                               tokenizer=tokenizer, max_tokens=int(config.stats.max_tokens) or None)
     print(f"\nstore, experiment {config.experiment!r}:\n{stats.table()}", flush=True)
   return summary

@@ -2,7 +2,8 @@
 hosted teacher API. It answers over real HTTP on 127.0.0.1 with text only (no token ids, no
 log-probs), as hosted APIs do, checks the bearer key, and records every request.
 
-The replies come from a script: `script(conversation, turn, messages) -> str`, where
+The replies come from a script: `script(conversation, turn, messages) -> str` (an int answers
+that HTTP error status instead), where
 `conversation` counts conversations in the order their first request arrived (a request with no
 assistant message starts one) and `turn` is the number of assistant messages in the request.
 `on_request(conversation, turn)` runs before the reply is sent (a test uses it to break a
@@ -45,6 +46,8 @@ class TextOnlyServer:
         if outer.on_request is not None:
           outer.on_request(conversation, turn)
         content = outer.script(conversation, turn, messages)
+        if isinstance(content, int):   # the script asks for an HTTP error
+          return self._send(content, {"error": {"message": f"scripted HTTP {content}"}})
         with outer._lock:
           outer.replies.append((conversation, turn, content))
         prompt_tokens = sum(len(m.get("content") or "") for m in messages) // 4

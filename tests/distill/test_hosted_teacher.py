@@ -217,6 +217,24 @@ def test_a_token_budget_stops_new_attempts(tmp_path, distill_config, monkeypatch
     assert [t.attempt for t in store.trajectories()] == [0]
 
 
+def test_an_unavailable_teacher_aborts_but_a_refused_request_is_an_outcome(
+    tmp_path, distill_config, monkeypatch):
+  monkeypatch.setenv(KEY_ENV, KEY)
+  config = distill_config(tmp_path / "errors", attempts_per_task=1)
+  config.teacher.max_retries = 0     # the proxy answers 502 at once; the harness retries twice
+  with TextOnlyServer(lambda *_: 503, api_key=KEY) as server:     # overloaded
+    assert swe_distill.collect(teacher_config(config, server)).aborted == 1
+  config.distill.update(dict(attempts_per_task=2, retry_aborted=False))
+  with TextOnlyServer(lambda *_: 400, api_key=KEY) as server:     # the request is refused
+    assert swe_distill.collect(teacher_config(config, server)).completed == 1
+  with data.TrajectoryStore(swe_distill.store_path(config)) as store:
+    overloaded, refused = store.trajectories()
+  assert overloaded.exit_status == "aborted" and overloaded.metadata["aborted_stage"] == "agent"
+  assert "answered 502" in overloaded.metadata["error"]
+  assert [m["role"] for m in overloaded.messages] == ["system", "user", "exit"]
+  assert refused.exit_status == "ModelError" and refused.resolved is False
+
+
 def test_budget_limits():
   budget = swe_distill.Budget(max_attempts=3, max_wall_time_s=10.0, max_tokens=100)
   assert budget.reached(attempts=2, seconds=9.9, tokens=99) is None
