@@ -63,8 +63,8 @@ class EngineConfig:
     seed: seed of the engine's draw of per-request seeds (requests without sampling_seed);
       None draws from the OS.
     decode_moe_dispatch: MoE dispatch for decode steps ("dense", "sort", "ragged"), None to
-      keep the model's, or "auto": "dense" on CPU for models with at most 16 experts (one
-      token per row leaves "sort"'s capacity buffers nearly empty), the model's otherwise.
+      keep the model's, or "auto": "dense" on CPU for dropless models with at most 16 experts
+      (one token per row leaves "sort"'s capacity buffers nearly empty), the model's otherwise.
   """
   max_batch_size: int = 8
   batch_buckets: tuple[int, ...] = (1, 2, 4, 8)
@@ -664,7 +664,10 @@ def _decode_dispatch(choice: Optional[str], model_config: Any) -> Optional[str]:
   import jax
 
   experts = getattr(model_config, "num_experts", 0) or 0
-  return "dense" if jax.default_backend() == "cpu" and 0 < experts <= 16 else None
+  dropless = (getattr(model_config, "moe_dropless", True)
+              or getattr(model_config, "moe_capacity_factor", None) is None)
+  # With capacity drops the paths would differ beyond rounding; keep the model's then.
+  return "dense" if jax.default_backend() == "cpu" and 0 < experts <= 16 and dropless else None
 
 
 def _top_bucket(k: int) -> int:
