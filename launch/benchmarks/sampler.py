@@ -10,7 +10,6 @@ use_cache=True)` with torch limited to 2 threads, as PEERS.md measured it.
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy as np
 

@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 from flax import nnx
 
-from orchard_jax.rollout.errors import EngineError, RequestError, WeightUpdateError
+from orchard_jax.rollout.errors import EngineError, RequestError
 from orchard_jax.rollout.protocol import (
   FinishReason, GenerateResponse, MetaInfo, SamplingParams, SingleGenerateRequest)
 from orchard_jax.rollout.runner import ModelRunner, bucket

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator
 
 import fastapi
 from fastapi.exceptions import RequestValidationError
@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from orchard_jax.rollout.background import BackgroundServer
 from orchard_jax.rollout.engine import Engine
-from orchard_jax.rollout.errors import EngineError, RequestError, RolloutError
+from orchard_jax.rollout.errors import RequestError, RolloutError
 from orchard_jax.rollout.openai_chat import (
   assistant_message, chat_completion, sampling_params_of, stream_chat_chunks, token_logprobs)
 from orchard_jax.rollout.openai_protocol import (
