@@ -57,6 +57,12 @@ class DistillError(ValueError):
   """A distillation setting is invalid (the message names the field, expected and seen)."""
 
 
+class TransientTeacherError(RuntimeError):
+  """The teacher endpoint was unreachable or overloaded (connection error, 429, 5xx) after the
+  client's retries: the attempt is aborted (and retried by the next run), not stored as the
+  teacher's behaviour."""
+
+
 # ----------------------------------------------------------------------------- budgets
 
 
@@ -267,12 +273,6 @@ def run_attempt(instance, attempt: int, client, teacher: Teacher, store: data.Tr
       "seconds": round(time.time() - started, 3)})
   store.append_trajectory(trajectory)
   return trajectory
-
-
-class TransientTeacherError(RuntimeError):
-  """The teacher endpoint was unreachable or overloaded (connection error, 429, 5xx) after the
-  client's retries: the attempt is aborted (and retried by the next run), not stored as the
-  teacher's behaviour."""
 
 
 def _transient_model_error(result) -> bool:
