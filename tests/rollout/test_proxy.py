@@ -196,3 +196,43 @@ def test_text_only_upstream_records_messages_for_sft_not_rl(tokenizer, tmp_path,
   assert "Reply to 4 messages." in trained
   with pytest.raises(TextOnlyRecordError):
     sequences_from_model_calls(records, mode="rl")
+
+
+def test_concurrent_sessions_are_recorded_independently(stack, tokenizer):
+  """Sessions running at once share the engine's batch; each one's records extend only its
+  own ids."""
+  import threading
+
+  proxy, store, upstream = stack
+  errors = []
+
+  def run(name):
+    try:
+      client = _client(proxy, name)
+      messages = [{"role": "user", "content": f"Task {name}.\n"}]
+      for turn in range(3):
+        reply = client.chat.completions.create(model="tiny-policy", messages=messages,
+                                               max_tokens=6, temperature=1.0, seed=turn)
+        messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                     {"role": "user", "content": f"Observation {turn}\n"}]
+    except Exception as e:  # noqa: BLE001 - reported below
+      errors.append(e)
+
+  names = [f"par-{i}" for i in range(3)]
+  threads = [threading.Thread(target=run, args=(n,)) for n in names]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert not errors, errors
+  sampled = {tuple(prompt): out.output_ids for prompt, out in upstream.responses}
+  for name in names:
+    proxy.end_session(name)
+    records = store.model_calls(name)
+    assert [r.call_index for r in records] == [0, 1, 2]
+    assert tokenizer.decode(records[0].prompt_ids).count(f"Task {name}.") == 1
+    for previous, record in zip(records, records[1:]):
+      history = previous.prompt_ids + previous.output_ids
+      assert record.prompt_ids[:len(history)] == history
+    for record in records:
+      assert record.output_ids == sampled[tuple(record.prompt_ids)]
