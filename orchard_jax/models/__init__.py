@@ -36,7 +36,7 @@ Additions beyond the contract (none of the contract is changed): `hidden_states`
 `moe_dispatch` ("sort" | "ragged" | "dense"), `moe_capacity_factor`, `moe_dropless`,
 `gdn_chunk_size`, `remat`, `dtype`, `param_dtype` choose how the same math is computed.
 
-Sharding: every parameter carries logical axis names (nnx.Param metadata `out_sharding`);
+Sharding: every parameter carries logical axis names (nnx.Param metadata `logical_axes`);
 orchard_jax.parallel maps them to the ("data", "fsdp", "tensor", "expert") mesh and creates
 models with parameters already sharded.
 """

@@ -456,7 +456,7 @@ def load_params(model: CausalLM, source, *, mesh: Optional[jax.sharding.Mesh] = 
           f"({', '.join(rule.names[:2])}) and {tuple(var.shape)} in the model")
     arr = np.asarray(arr).astype(var.dtype)
     if mesh is not None:
-      spec = logical_to_spec(var.get_metadata().get("out_sharding") or (None,) * arr.ndim,
+      spec = logical_to_spec(var.get_metadata().get("logical_axes") or (None,) * arr.ndim,
                              mesh_shape=dict(mesh.shape), shape=arr.shape)
       value = jax.device_put(arr, jax.sharding.NamedSharding(mesh, spec))
     else:

@@ -2,8 +2,10 @@
 (plain and zero-centred), rotary position embedding (full and partial), the SwiGLU MLP.
 
 Parameter layout: weights are stored input-dimension first ([embed, heads, head_dim],
-[embed, mlp], ...), each with logical axis names (parallel.rules) in the `out_sharding`
-metadata of its nnx.Param. models.hf converts to and from transformers' [out, in] matrices.
+[embed, mlp], ...), each with logical axis names (parallel.rules) in the `logical_axes`
+metadata of its nnx.Param (not flax's `out_sharding`, which nnx.eval_shape would try to
+resolve against whatever mesh is active). models.hf converts to and from transformers'
+[out, in] matrices.
 """
 from typing import Callable, Optional, Sequence
 
@@ -26,13 +28,12 @@ def param(rngs: nnx.Rngs, init: Initializer, shape: Sequence[int], axes: Sequenc
           dtype: jnp.dtype) -> nnx.Param:
   """An nnx.Param of `shape` from `init`, annotated with logical axis names.
 
-  Eager sharding is off: parameters are placed on devices by parallel.create_sharded (under
-  jit with output shardings) or stay on the default device.
+  The names live in the `logical_axes` metadata; parameters are placed on devices by
+  parallel.create_sharded (under jit with output shardings) or stay on the default device.
   """
   if len(shape) != len(axes):
     raise ValueError(f"param: {len(shape)} dims {tuple(shape)} but {len(axes)} axis names {axes}")
-  return nnx.Param(init(rngs.params(), tuple(shape), dtype), out_sharding=tuple(axes),
-                   eager_sharding=False)
+  return nnx.Param(init(rngs.params(), tuple(shape), dtype), logical_axes=tuple(axes))
 
 
 def normal(std: float) -> Initializer:

@@ -258,6 +258,10 @@ class MoE(nnx.Module):
     # Dropless: count first (cheap), and only if some expert overflows use capacity = seq.
     _, counts, _, _ = _sort_plan(indices, valid, e)
     overflow = jnp.any(counts > cap)
+    if not jax.sharding.get_abstract_mesh().empty:
+      # Every device must take the same branch (the branches hold collectives): make the
+      # predicate an explicitly replicated global reduction.
+      overflow = jax.lax.with_sharding_constraint(overflow, jax.sharding.PartitionSpec())
     return jax.lax.cond(overflow, lambda: run(s)[0], lambda: run(cap)[0])
 
 

@@ -25,12 +25,16 @@ class ValueModel(nnx.Module):
   """
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-    pdt = dtype_of(config.param_dtype)
     self.config = config
     self.model = Decoder(config, rngs=rngs)
-    self.value_head = param(rngs, normal(config.initializer_range), (config.hidden_size,),
-                            ("embed",), pdt)
-    self.value_bias = param(rngs, constant(0.0), (), (), pdt)
+    self.value_head, self.value_bias = self._head(config, rngs)
+
+  @staticmethod
+  def _head(config: ModelConfig, rngs: nnx.Rngs) -> tuple[nnx.Param, nnx.Param]:
+    pdt = dtype_of(config.param_dtype)
+    return (param(rngs, normal(config.initializer_range), (config.hidden_size,), ("embed",),
+                  pdt),
+            param(rngs, constant(0.0), (), (), pdt))
 
   def __call__(self, input_ids: jax.Array, positions: jax.Array, segment_ids: jax.Array, *,
                return_aux: bool = False):
@@ -64,7 +68,9 @@ class ValueModel(nnx.Module):
       ModelError: `config` changes the backbone's parameter shapes.
     """
     config = config or policy.config
-    vm = cls(config, rngs=rngs)
+    # Build the structure abstractly (no wasted initialisation of a backbone that is about to
+    # be overwritten), copy the policy's backbone in, then initialise only the head.
+    vm = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
     backbone = nnx.state(policy.model, nnx.Param)
     target = nnx.state(vm.model, nnx.Param)
     shapes_a = jax.tree.map(lambda x: (x.shape, x.dtype), backbone)
@@ -74,4 +80,6 @@ class ValueModel(nnx.Module):
       raise ModelError("ValueModel.from_policy: the config changes the backbone's parameters; "
                        "expected the policy's shapes and dtypes")
     nnx.update(vm.model, jax.tree.map(jnp.copy, backbone))
+    head = cls._head(config, rngs)
+    vm.value_head, vm.value_bias = head
     return vm

@@ -1,7 +1,7 @@
 """Logical axis names and the rules that map them onto mesh axes.
 
 Every parameter of orchard_jax.models carries a tuple of logical axis names in its
-`out_sharding` metadata (e.g. the expert up-projection is ("experts", "embed", "expert_mlp")).
+`logical_axes` metadata (e.g. the expert up-projection is ("experts", "embed", "expert_mlp")).
 A rule table maps each logical name to a mesh axis, a tuple of mesh axes, or None
 (replicated). The same names shard activations through `constrain`.
 

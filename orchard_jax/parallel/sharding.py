@@ -14,13 +14,13 @@ M = TypeVar("M", bound=nnx.Module)
 
 
 def _logical_axes(var: nnx.Variable) -> tuple:
-  axes = var.get_metadata().get("out_sharding")
+  axes = var.get_metadata().get("logical_axes")
   return tuple(axes) if axes else (None,) * len(var.shape)
 
 
 def state_shardings(state: nnx.State, mesh: Mesh, rules: Optional[Rules] = None) -> nnx.State:
   """NamedSharding for every Variable of `state` (abstract or concrete), from the logical axis
-  names in its `out_sharding` metadata (variables without names are replicated).
+  names in its `logical_axes` metadata (variables without names are replicated).
 
   Returns a State of the same structure whose leaves are NamedShardings: usable as jit's
   out_shardings / in_shardings for the state, or for optimizer states that mirror it.

@@ -18,16 +18,19 @@ _SHRINK = dict(vocab_size=256, hidden_size=64, num_attention_heads=4, num_key_va
 
 
 def tiny_config(arch: str, **overrides) -> models.ModelConfig:
-  """A 4-layer config of `arch` ("qwen3_moe", "qwen3_5_moe", "qwen3")."""
+  """A 2-layer config of `arch` ("qwen3_moe", "qwen3_5_moe", "qwen3"): qwen3_moe has one MoE
+  and one dense layer, qwen3_5_moe one Gated DeltaNet and one gated attention layer."""
   if arch == "qwen3_moe":
-    base = dataclasses.replace(models.get_preset("tiny"), **_SHRINK, mlp_only_layers=(1,))
+    base = dataclasses.replace(models.get_preset("tiny"), **_SHRINK, num_hidden_layers=2,
+                               mlp_only_layers=(1,))
   elif arch == "qwen3_5_moe":
-    base = dataclasses.replace(models.get_preset("tiny_qwen3_5"), **_SHRINK,
+    base = dataclasses.replace(models.get_preset("tiny_qwen3_5"), **_SHRINK, num_hidden_layers=2,
+                               layer_types=("linear_attention", "full_attention"),
                                shared_expert_intermediate_size=48, linear_num_key_heads=2,
                                linear_num_value_heads=4, linear_key_head_dim=16,
                                linear_value_head_dim=16)
   else:
-    base = dataclasses.replace(models.get_preset("tiny_dense"), **{
+    base = dataclasses.replace(models.get_preset("tiny_dense"), num_hidden_layers=2, **{
         k: v for k, v in _SHRINK.items() if not k.startswith(("moe", "num_experts"))})
   return dataclasses.replace(base, **overrides)
 
@@ -65,8 +68,35 @@ def with_config(model, config: models.ModelConfig):
   return other
 
 
+def random_model(config: models.ModelConfig, seed: int = 0, cls=models.CausalLM):
+  """A model of `config` with NumPy-random parameters (skips compiling the threefry init,
+  which dominates test time on 2 cores). Norm scales near their neutral value, A_log in
+  log(1..8), everything else N(0, 0.05)."""
+  model = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
+  rng = np.random.default_rng(seed)
+  state = nnx.state(model, nnx.Param)
+  for path, var in nnx.to_flat_state(state):
+    names = [str(p) for p in path]
+    shape = var.shape
+    noise = rng.normal(size=shape)
+    if names[-1] == "weight" or names[-1] == "norm":      # RMSNorm scales
+      zero_centered = config.zero_centered_norm and names[-1] == "weight"
+      value = 0.1 * noise + (0.0 if zero_centered else 1.0)
+    elif names[-1] == "A_log":
+      value = np.log(rng.uniform(1.0, 8.0, size=shape))
+    elif names[-1] == "dt_bias":
+      value = 1.0 + 0.1 * noise
+    elif names[-1].startswith("conv_"):
+      value = 0.5 * noise
+    else:
+      value = 0.05 * noise
+    var.set_value(jnp.asarray(value, var.dtype))
+  nnx.update(model, state)
+  return model
+
+
 @pytest.fixture(scope="session")
 def tiny_models():
-  """One randomly initialised CausalLM per architecture (session-wide; never mutated)."""
-  return {arch: models.CausalLM(tiny_config(arch), rngs=nnx.Rngs(7))
+  """One random CausalLM per architecture (session-wide; never mutated)."""
+  return {arch: random_model(tiny_config(arch), seed=7)
           for arch in ("qwen3_moe", "qwen3_5_moe", "qwen3")}
