@@ -34,3 +34,149 @@ def swe_agent():
   return ml_collections.ConfigDict(dict(
       step_limit=30, wall_time_limit_s=900.0, max_consecutive_format_errors=3,
       command_timeout_s=60.0, output_limit_chars=10000))
+
+
+# ----------------------------------------------------------------------------- Orchard-SWE recipe
+
+SWE_PRESETS = ("tiny", "qwen3_5_35b_a3b", "cluster")
+
+
+def _env_urls(name: str) -> str:
+  """Comma-separated URLs from ORCHARD_<NAME>_URLS (one per replica) or ORCHARD_<NAME>_URL."""
+  import os
+  return os.environ.get(f"ORCHARD_{name}_URLS") or os.environ.get(f"ORCHARD_{name}_URL", "")
+
+
+def _endpoint(kind: str, **extra):
+  """An LLM grader endpoint (judge, annotator): "evidence" is offline; "llm" needs url."""
+  return ml_collections.ConfigDict(dict(
+      kind=kind, url="", model="", api_key_env="", timeout_s=120.0, retries=2,
+      temperature=0.6, max_tokens=1024, observation_chars=1200, **extra))
+
+
+def swe_base(preset="tiny"):
+  """Everything the Orchard-SWE recipe reads (orchard_jax/recipes/swe.py), for one preset.
+
+  Presets (every preset has the same fields, so any field can be overridden or swept):
+    tiny             the embedded default: the tiny policy, in-process Orchard Env with local
+                     bubblewrap sandboxes, the embedded JAX engine, offline judge/annotator;
+                     sized to finish `swe_rpr` in under 45 minutes on 2 CPU cores.
+    qwen3_5_35b_a3b  the published setting (ALGORITHMS.md sections 1-5) at its real size.
+    cluster          qwen3_5_35b_a3b pointed at the fleet (launch/fleet.py): Orchard Env, SGLang
+                     servers and the checkpoint volume from the ORCHARD_* environment variables
+                     the training Job sets; only URLs and sizes differ, never code.
+  Experiment files (swe_sft.py, swe_bar.py, ...) set `job` and what differs.
+  """
+  import os
+  if preset not in SWE_PRESETS:
+    raise ValueError(f"preset {preset!r} is not one of {SWE_PRESETS}")
+  big = preset != "tiny"
+  c = ml_collections.ConfigDict()
+  c.job = ""
+  c.name = "swe"                     # experiment name: store records and run folder carry it
+  c.preset = preset
+  c.workdir = ""                     # "" = runs/<name>_<preset> ($ORCHARD_CHECKPOINT_DIR on cluster)
+  c.seed = 0
+  c.progress = True
+  c.policy = ml_collections.ConfigDict(dict(
+      preset="qwen3_5_35b_a3b" if big else "tiny",   # models.get_preset
+      init="/models/qwen3_5_35b_a3b" if big else "",  # "" random init (then SFT), an HF folder,
+                                                      # or a run/trainer/orbax checkpoint folder
+      tokenizer="/models/qwen3_5_35b_a3b" if big else "tiny",   # data.load_tokenizer
+      tool_call_parser="qwen3_xml" if big else "hermes",
+      dtype="bfloat16" if big else "float32",
+      max_position_embeddings=262144 if big else 8192,
+      moe_dispatch="ragged" if big else "sort",
+      remat=big))
+  c.mesh = ml_collections.ConfigDict(
+      dict(data=1, fsdp=-1, tensor=1, expert=8) if big else dict(data=-1, fsdp=1, tensor=1,
+                                                                   expert=1))
+  c.tasks = swe_tasks()
+  c.tasks.heldout_fraction = 0.2      # instances kept out of training (by a hash of their id)
+  c.tasks.train_tasks = 0 if big else 4  # RL/SFT training subset size (0 = every train task)
+  c.tasks.selection = "all" if big else "shortest_expert"  # or "first": how the subset is chosen
+  c.tasks.per_package = 0 if big else 1  # at most this many subset tasks per package (0 = any)
+  c.env = swe_env()
+  c.env.max_parallel = 64 if big else 2
+  c.agent = swe_agent()
+  if big:
+    c.agent.step_limit, c.agent.output_limit_chars = 100, 10000
+  else:
+    c.agent.step_limit, c.agent.output_limit_chars, c.agent.wall_time_limit_s = 14, 1200, 600.0
+  c.engine = ml_collections.ConfigDict(dict(
+      urls="",                       # SGLang native URLs (comma-separated); "" = embedded engine
+      max_batch_size=8, max_seq_len=65536 if big else 6144, decode_steps=16,
+      weights_dir="",                # where remote engines load new weights from (shared disk)
+      served_model_name="policy"))
+  c.sampling = ml_collections.ConfigDict(dict(
+      temperature=0.95 if big else 1.0, top_p=0.95 if big else 1.0,
+      max_tokens=4096 if big else 768))  # per turn
+  c.store = ml_collections.ConfigDict(dict(path=""))  # "" = <workdir>/store
+  c.sft = ml_collections.ConfigDict(dict(
+      enabled=True,                  # warm-start with SFT when policy.init is ""
+      source="expert",               # "expert" (replay expert on the training tasks), a trajectory
+                                     # store folder, or a mini-swe-agent trajectory folder
+      variants=("gold", "give_up"),  # replay-expert variants (harness.VARIANTS)
+      experiments=(),                # store source: only these experiments (empty: all)
+      mode="credit",                 # "credit" (resolved + rise segments) or "resolved_only"
+      eps=0.05,                      # rise threshold
+      max_tokens=65536 if big else 4096,  # longer trajectories are dropped (never truncated)
+      epochs=5 if big else 12,
+      batch_size=128 if big else 2, seq_len=65536 if big else 4096,
+      microbatches=1 if big else 2,  # rows per microbatch = batch_size / microbatches / devices
+      lr=1e-5 if big else 2e-3, end_lr=1e-6 if big else 2e-4, warmup_steps=10 if big else 4,
+      weight_decay=0.1 if big else 0.0, max_grad_norm=1.0, chunk_size=1024, save_every=200))
+  c.annotator = _endpoint("evidence")
+  c.annotator.temperature = 0.2
+  c.annotator.prompt = "swe_annotator.txt"
+  c.rl = ml_collections.ConfigDict(dict(
+      iterations=100 if big else 3,
+      prompts_per_iteration=16 if big else 4,  # groups per batch
+      oversample=4 if big else 0,    # extra prompts rolled out to replace dropped groups
+      bar=ml_collections.ConfigDict(dict(
+          group_size=8 if big else 4, max_rollouts=16 if big else 6, stride=16 if big else 4,
+          positive_fraction=(0.375, 0.625) if big else (0.25, 0.75))),
+      reward="binary",               # "binary" (R_bin) or "rpr" (R_bin + rpr_alpha * J)
+      rpr_alpha=0.5,
+      lr=1e-6 if big else 1e-4, end_lr=1e-7 if big else 1e-4,
+      schedule="cosine" if big else "constant", warmup_steps=0, weight_decay=0.0,
+      max_grad_norm=1.0, eps_low=0.2, eps_high=0.28, aggregation="token_mean",
+      entropy_coef=1e-4, kl_coef=0.0, tis_cap=0.0,   # 0 = off
+      batch_size=64 if big else 4,   # rows per update
+      seq_len=65536 if big else 4096, microbatches=1 if big else 4,
+      max_updates_per_iteration=4,   # packed batches beyond this are not trained (counted)
+      chunk_size=1024, parallel_rollouts=64 if big else 4,
+      rollout_timeout_s=0.0,         # a stride still running after this is abandoned (0 = off;
+                                     # the agent's own wall_time_limit_s ends runs first)
+      keep_checkpoints=3, final_eval=True))
+  c.judge = _endpoint("evidence", prompt="swe_judge.txt", max_workers=4)
+  c.opd = ml_collections.ConfigDict(dict(
+      mode="none",                   # "none", "loss" (GRPO + c OPD), "reward" (A += c r), "only"
+      teacher_urls="",               # teacher SGLang native URLs; "" with teacher_init: embedded
+      teacher_init="",               # an HF folder or checkpoint served by a second engine
+      teacher_preset="",             # model preset of teacher_init ("" = the policy's)
+      divergence="js_skew", coef=1.0, lam=0.5))
+  c.eval = ml_collections.ConfigDict(dict(
+      splits=("train", "heldout"),   # which instances: the training subset and/or held-out ones
+      max_instances=0 if big else 4, # per split (0 = all)
+      k=4 if big else 2,             # attempts per instance (pass@k, best-of-k)
+      temperature=0.95 if big else 1.0, seed=1234,
+      value_checkpoint="",           # a value-model run folder for best-of-k ("" = none)
+      output_dir=""))                # "" = <workdir>/eval
+  c.value = ml_collections.ConfigDict(dict(
+      preset="qwen3_4b" if big else "tiny_dense",
+      init_from_policy="",           # a policy checkpoint/HF folder to start the backbone from
+      stores=(),                     # trajectory stores to learn from (empty: runs/*/store)
+      experiments=(),                # only these experiments (empty: all)
+      heldout_fraction=0.25, every_position=False, epochs=3 if big else 4,
+      batch_size=32 if big else 2, seq_len=65536 if big else 4096, microbatches=1 if big else 2,
+      lr=1e-5 if big else 1e-3, end_lr=1e-6 if big else 1e-4, warmup_steps=2, chunk_size=1024,
+      ks=(1, 2, 4, 8)))
+  if preset == "cluster":
+    c.workdir = os.environ.get("ORCHARD_CHECKPOINT_DIR", "")
+    c.env.url = os.environ.get("ORCHARD_ENV_URL", "")
+    c.env.api_key = os.environ.get("ORCHARD_ENV_API_KEY", "")
+    c.engine.urls = _env_urls("SGLANG_POLICY")
+    c.engine.weights_dir = os.path.join(c.workdir or "/checkpoints", "weights")
+    c.opd.teacher_urls = _env_urls("SGLANG_TEACHER")
+  return c

@@ -1,10 +1,16 @@
-"""The Orchard-SWE recipe: task set, sandboxes, evaluation (SFT and RL stages build on these).
+"""The Orchard-SWE recipe: task set, sandboxes, evaluation, SFT, RL, value model.
 
 Jobs:
   swe.build_tasks  build (or load from the cache) the task set and print what was tried, kept
                    and dropped                                   (experiments/swe_tasks.py)
   swe.evaluate     evaluate predictions ("gold", "empty" or a predictions file) in fresh
-                   sandboxes and write per-instance reports + a summary (experiments/swe_eval.py)
+                   sandboxes and write per-instance reports + a summary; with
+                   `checkpoint` set, run a policy checkpoint k times per instance and report
+                   pass@1, pass@k, value best-of-k and random@k  (experiments/swe_eval.py)
+  swe.sft          credit-assignment SFT                          (experiments/swe_sft.py)
+  swe.rl           the main job: SFT warm start, then GRPO with BAR (+ RPR, + OPD) and a final
+                   evaluation                  (experiments/swe_bar.py, swe_rpr.py, swe_opd.py)
+  swe.value        the value model on the trajectory store       (experiments/swe_value.py)
 
 Reusable pieces for later stages:
   load_task_set(config.tasks) -> list[SWEInstance]
@@ -20,7 +26,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
 from ml_collections import ConfigDict
 
@@ -104,7 +110,12 @@ def evaluate_patches(instances: Sequence[SWEInstance], predictions: Mapping[str,
 
 
 def evaluate(config: ConfigDict) -> evaluation.EvalSummary:
-  """Job "swe.evaluate": grades config.predictions on the task set; prints the summary."""
+  """Job "swe.evaluate": grades config.predictions on the task set; prints the summary.
+
+  With `config.checkpoint` set, evaluates a policy checkpoint instead (`evaluate_checkpoint`).
+  """
+  if config.get("checkpoint"):
+    return evaluate_checkpoint(config)
   logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per sandbox call otherwise
   instances = load_task_set(config.tasks, progress=bool(config.get("progress", True)))
   predictions = evaluation.load_predictions(config.predictions, instances)
@@ -212,3 +223,408 @@ def run_episode(instance: SWEInstance, client, base_url: str, *, model: str = "d
     trajectory.outcome = {"resolved": graded.resolved, "status": graded.outcome,
                           **(graded.tests.to_dict() if graded.tests else {})}
   return trajectory
+
+
+# ----------------------------------------------------------------------------- the recipe stages
+# Jobs swe.sft, swe.rl (BAR, RPR, OPD), swe.value, and swe.evaluate's checkpoint mode. Their
+# configs come from experiments/common.swe_base(preset); the modules swe_policy, swe_rollouts,
+# swe_sft, swe_rl, swe_eval, swe_value, swe_judge and swe_annotate hold the pieces.
+
+
+def run_dir(config: ConfigDict) -> str:
+  """The run folder: config.workdir, or runs/<name>_<preset>."""
+  return config.workdir or os.path.join("runs", f"{config.name}_{config.preset}")
+
+
+def split_tasks(instances: Sequence[SWEInstance], heldout_fraction: float
+                ) -> tuple[list[SWEInstance], list[SWEInstance]]:
+  """(train, held-out): an instance is held out when crc32(instance_id) falls in the fraction,
+  so the split does not change when instances are added or reordered."""
+  import zlib
+  cut = int(round(float(heldout_fraction) * 10_000))
+  train_set, heldout = [], []
+  for instance in instances:
+    (heldout if zlib.crc32(instance.instance_id.encode()) % 10_000 < cut else train_set
+     ).append(instance)
+  return train_set, heldout
+
+
+def expert_cost(instance: SWEInstance, tokenizer) -> int:
+  """Tokens the replay expert's gold plan generates, estimated without a sandbox: the
+  reproduction it writes (the FAIL_TO_PASS tests sliced from the hidden test file) plus the
+  edit snippets (about the gold patch's size)."""
+  from orchard_jax.harness.replay_expert import slice_tests
+  hidden: dict[str, list[str]] = {}
+  path, creating = None, False
+  for line in instance.test_patch.splitlines():
+    if line.startswith("--- "):
+      creating = line[4:].strip() == "/dev/null"
+    elif line.startswith("+++ "):
+      path = line[4:].strip().removeprefix("b/")
+      if creating:
+        hidden[path] = []
+    elif creating and path in hidden and line.startswith("+"):
+      hidden[path].append(line[1:])
+  names: dict[str, list[str]] = {}
+  for test in instance.FAIL_TO_PASS:
+    file, _, rest = test.partition("::")
+    if file in hidden and rest:
+      names.setdefault(file, []).append(rest.split("[")[0])
+  reproduction = ""
+  if names:
+    file, tests = next(iter(names.items()))
+    try:
+      reproduction = slice_tests("\n".join(hidden[file]) + "\n", list(dict.fromkeys(tests))[:3])
+    except SyntaxError:
+      reproduction = "\n".join(hidden[file])
+  return len(tokenizer.encode(reproduction)) + len(tokenizer.encode(instance.patch))
+
+
+def training_subset(instances: Sequence[SWEInstance], tasks: ConfigDict, tokenizer,
+                    *, count: Optional[int] = None) -> list[SWEInstance]:
+  """The RL/SFT training subset of the training instances (tasks.selection):
+  "all", "first" (the first N), or "shortest_expert" (the N whose replay-expert trajectories are
+  shortest: what a tiny model on a CPU can learn in the time budget), at most
+  tasks.per_package per package (0: no limit)."""
+  count = int(tasks.train_tasks) if count is None else count
+  if tasks.selection == "all" or count <= 0:
+    return list(instances)
+  ordered = list(instances)
+  if tasks.selection == "shortest_expert":
+    ordered.sort(key=lambda i: (expert_cost(i, tokenizer), i.instance_id))
+  elif tasks.selection != "first":
+    raise ValueError(f"tasks.selection is {tasks.selection!r}; expected 'all', 'first' or "
+                     "'shortest_expert'")
+  limit = int(tasks.get("per_package", 0))
+  chosen, per_package = [], {}
+  for instance in ordered:
+    package = instance.repo
+    if limit and per_package.get(package, 0) >= limit:
+      continue
+    chosen.append(instance)
+    per_package[package] = per_package.get(package, 0) + 1
+    if len(chosen) == count:
+      break
+  return chosen
+
+
+class _Run:
+  """What every stage of one run shares: folders, tokenizer, mesh, store, task split."""
+
+  def __init__(self, config: ConfigDict):
+    from orchard_jax import data, parallel
+    from orchard_jax.recipes import swe_policy
+    self.config = config
+    self.dir = run_dir(config)
+    os.makedirs(self.dir, exist_ok=True)
+    for name in ("httpx", "httpcore"):   # one INFO line per sandbox and model call otherwise
+      logging.getLogger(name).setLevel(logging.WARNING)
+    self.store_path = config.store.path or os.path.join(self.dir, "store")
+    self.tokenizer = swe_policy.load_tokenizer(config.policy)
+    self.mesh = parallel.make_mesh(config.mesh)
+    self.instances = load_task_set(config.tasks, progress=bool(config.progress))
+    self.train_all, self.heldout = split_tasks(self.instances, config.tasks.heldout_fraction)
+    self.store = data.TrajectoryStore(self.store_path)
+
+  def close(self):
+    self.store.close()
+
+  def agent_config(self):
+    return agent_config(self.config.agent)
+
+  def expert_agent_config(self):
+    """The agent config of replay-expert runs: the rollouts' (same prompts and observation
+    limits, so SFT data looks like what the policy sees), with room for the whole plan."""
+    return dataclasses.replace(self.agent_config(),
+                               step_limit=max(int(self.config.agent.step_limit), 50))
+
+  def progress_factory(self):
+    if not self.config.progress:
+      return None
+    from tqdm.auto import tqdm
+    return lambda total, desc: tqdm(total=total, desc=desc, unit="rollout", leave=False,
+                                    dynamic_ncols=True)
+
+  def save_split(self, train_ids: Sequence[str], heldout_ids: Sequence[str]) -> None:
+    import json
+    with open(os.path.join(self.dir, "tasks.json"), "w") as f:
+      json.dump({"train": list(train_ids), "heldout": list(heldout_ids)}, f, indent=1)
+
+  def load_split(self, folder: str) -> Optional[dict]:
+    import json
+    path = os.path.join(folder, "tasks.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        return json.load(f)
+    return None
+
+  def sft_data(self, train_instances, env_client):
+    """Credit-assignment SFT sequences from config.sft.source (see swe_sft)."""
+    from orchard_jax.recipes import swe_sft
+    c = self.config
+    by_id = {i.instance_id: i for i in self.instances}
+    if c.sft.source == "expert":
+      trajectories = swe_sft.expert_trajectories(
+          train_instances, env_client, self.store, variants=tuple(c.sft.variants),
+          agent_config=self.expert_agent_config(), experiment=f"{c.name}-expert",
+          parallel=int(c.env.max_parallel), seed=int(c.seed))
+      source_store = self.store
+    else:
+      trajectories, source_store = swe_sft.load_trajectories(
+          c.sft.source, experiments=tuple(c.sft.experiments))
+    return swe_sft.credit_sequences(
+        trajectories, tokenizer=self.tokenizer, annotator=swe_sft.make_annotator(c),
+        mode=c.sft.mode, eps=float(c.sft.eps), max_tokens=int(c.sft.max_tokens),
+        instances=by_id, store=source_store, parser=c.policy.tool_call_parser)
+
+
+def _resolved_train_subset(run: _Run, env_client) -> list[SWEInstance]:
+  """The training subset; with the replay expert as SFT source, candidates whose gold
+  trajectory does not resolve are replaced by the next ones (a task the expert cannot solve
+  gives SFT no positive example)."""
+  c = run.config
+  wanted = int(c.tasks.train_tasks)
+  if c.tasks.selection == "all" or wanted <= 0 or c.sft.source != "expert" \
+      or "gold" not in tuple(c.sft.variants):
+    return training_subset(run.train_all, c.tasks, run.tokenizer)
+  from orchard_jax.recipes import swe_sft
+  pool = training_subset(run.train_all, c.tasks, run.tokenizer, count=len(run.train_all))
+  chosen: list[SWEInstance] = []
+  start = 0
+  while len(chosen) < wanted and start < len(pool):
+    batch = pool[start:start + (wanted - len(chosen))]
+    start += len(batch)
+    gold = swe_sft.expert_trajectories(batch, env_client, run.store, variants=("gold",),
+                                       agent_config=run.expert_agent_config(),
+                                       experiment=f"{c.name}-expert",
+                                       parallel=int(c.env.max_parallel), seed=int(c.seed))
+    solved = {t.task_id for t in gold if t.resolved}
+    skipped = [i.instance_id for i in batch if i.instance_id not in solved]
+    if skipped:
+      _log.warning("training subset: the replay expert's gold run does not resolve %s; "
+                   "taking the next candidates", skipped)
+    chosen += [i for i in batch if i.instance_id in solved]
+  return chosen
+
+
+def _stage_sft(run: _Run, model, train_instances, env_client):
+  """Warm start: credit-assignment SFT (swe_sft) into run.dir/sft; returns the trained model."""
+  from orchard_jax.recipes import swe_sft
+  sft_data = run.sft_data(train_instances, env_client)
+  print("SFT data: " + ", ".join(f"{k}={v}" for k, v in sft_data.stats.items()), flush=True)
+  model, metrics = swe_sft.train_sft(model, sft_data.sequences, run.config.sft, mesh=run.mesh,
+                                     workdir=os.path.join(run.dir, "sft"),
+                                     seed=int(run.config.seed),
+                                     progress=bool(run.config.progress))
+  print(f"SFT done: {metrics['steps']} steps over {metrics['batches']} batches, final loss "
+        f"{metrics.get('loss', float('nan')):.4f}", flush=True)
+  return model, sft_data.stats
+
+
+def sft(config: ConfigDict) -> dict:
+  """Job "swe.sft" (experiments/swe_sft.py): credit-assignment SFT of the policy on expert, store
+  or mini-swe-agent trajectories; writes run_dir/sft/checkpoints. Returns the data stats."""
+  from orchard_jax.recipes import swe_policy
+  run = _Run(config)
+  try:
+    with sandbox_client(config.env) as env_client:
+      train_instances = _resolved_train_subset(run, env_client)
+      run.save_split([i.instance_id for i in train_instances],
+                     [i.instance_id for i in run.heldout])
+      model = swe_policy.build_policy(config.policy, run.mesh,
+                                      vocab_size=run.tokenizer.vocab_size, seed=int(config.seed))
+      _, stats = _stage_sft(run, model, train_instances, env_client)
+    run.tokenizer.save(os.path.join(run.dir, "tokenizer"))
+    return stats
+  finally:
+    run.close()
+
+
+def _eval_splits(run: _Run, train_instances, split_record: Optional[dict] = None) -> dict:
+  c = run.config
+  by_id = {i.instance_id: i for i in run.instances}
+  if split_record:
+    train_instances = [by_id[i] for i in split_record["train"] if i in by_id]
+    heldout = [by_id[i] for i in split_record["heldout"] if i in by_id]
+  else:
+    heldout = run.heldout
+  limit = int(c.eval.max_instances)
+  splits = {"train": list(train_instances), "heldout": list(heldout)}
+  return {name: (items[:limit] if limit else items) for name, items in splits.items()
+          if name in tuple(c.eval.splits)}
+
+
+def _runner(run: _Run, service, env_client, *, judge=None, experiment: str, log_name: str):
+  from orchard_jax.recipes import swe_rollouts
+  c = run.config
+  return swe_rollouts.RolloutRunner(
+      service, env_client, run.store, agent_config=run.agent_config(),
+      sampling={"temperature": float(c.sampling.temperature), "top_p": float(c.sampling.top_p),
+                "max_tokens": int(c.sampling.max_tokens)},
+      judge=judge, rpr_alpha=float(c.rl.rpr_alpha), experiment=experiment,
+      parallel=int(c.rl.parallel_rollouts), rollout_timeout_s=float(c.rl.rollout_timeout_s),
+      judge_workers=int(c.judge.max_workers), log_dir=os.path.join(run.dir, "logs", log_name))
+
+
+def _final_eval(run: _Run, service, env_client, train_instances, *, policy_version,
+                split_record=None, value_scorer=None) -> dict:
+  from orchard_jax.recipes import swe_eval
+  c = run.config
+  runner = _runner(run, service, env_client, experiment=f"{c.name}-eval", log_name="eval")
+  runner.sampling["temperature"] = float(c.eval.temperature)
+  report = swe_eval.evaluate_policy(
+      runner, _eval_splits(run, train_instances, split_record), k=int(c.eval.k),
+      seed=int(c.eval.seed), value_scorer=value_scorer,
+      output_dir=c.eval.output_dir or os.path.join(run.dir, "eval"),
+      policy_version=policy_version, progress_factory=run.progress_factory())
+  print(swe_eval.format_report(report), flush=True)
+  return report
+
+
+def rl(config: ConfigDict) -> dict:
+  """Job "swe.rl" (experiments/swe_bar.py, swe_rpr.py, swe_opd.py): the main job.
+
+  Task set -> (SFT warm start unless policy.init is set) -> RL iterations (BAR rollouts through
+  the proxy in sandboxes, grading, RPR judging, group filter, packed updates, weight sync,
+  checkpoints) -> final checkpoint evaluation. Returns {"iterations": [per-iteration stats],
+  "eval": the final evaluation report}.
+  """
+  import time as _time
+  import jax
+  import numpy as np
+  from orchard_jax import rl as rl_lib
+  from orchard_jax import train
+  from orchard_jax.recipes import swe_judge, swe_policy, swe_rl, swe_rollouts
+  c = config
+  run = _Run(config)
+  history: list[dict] = []
+  started = _time.perf_counter()
+  try:
+    with sandbox_client(c.env) as env_client:
+      train_instances = _resolved_train_subset(run, env_client)
+      if not train_instances:
+        raise evaluation.EvaluationError("no training instance: the task set is empty or the "
+                                         "replay expert resolved none of the candidates")
+      run.save_split([i.instance_id for i in train_instances],
+                     [i.instance_id for i in run.heldout])
+      print(f"tasks: {len(run.instances)} ({len(run.train_all)} train / {len(run.heldout)} "
+            f"held out); training subset {[i.instance_id for i in train_instances]}", flush=True)
+      model = swe_policy.build_policy(c.policy, run.mesh, vocab_size=run.tokenizer.vocab_size,
+                                      seed=int(c.seed))
+      rl_dir = os.path.join(run.dir, "rl")
+      resuming = swe_policy.find_checkpoint_dir(rl_dir) is not None
+      if not c.policy.init and c.sft.enabled and not resuming:
+        model, _ = _stage_sft(run, model, train_instances, env_client)
+      judge = swe_judge.make_judge(c.judge) if c.rl.reward == "rpr" else None
+      if c.rl.reward not in ("rpr", "binary"):
+        raise ValueError(f"rl.reward is {c.rl.reward!r}; expected 'binary' or 'rpr'")
+      bar = rl_lib.BARConfig(group_size=int(c.rl.bar.group_size),
+                             max_rollouts=int(c.rl.bar.max_rollouts), stride=int(c.rl.bar.stride),
+                             positive_fraction=tuple(c.rl.bar.positive_fraction))
+      loss = swe_rl.policy_loss(c)
+      with train.Trainer(model, loss, swe_rl.trainer_config(c, rl_dir, model.config),
+                         mesh=run.mesh) as trainer, \
+          swe_policy.PolicyService(c, trainer.model(), run.tokenizer, run.store,
+                                   engine_seed=int(c.seed)) as service, \
+          contextlib.ExitStack() as stack:
+        teacher = stack.enter_context(swe_rl.Teacher(c, run.tokenizer, run.mesh)) \
+            if c.opd.mode != "none" else None
+        start_iteration = int(trainer.meta.get("iteration", 0))
+        if trainer.restored_step is not None:
+          service.sync_weights(trainer.model(), version=trainer.step)
+          print(f"resumed at iteration {start_iteration} (step {trainer.step})", flush=True)
+        runner = _runner(run, service, env_client, judge=judge, experiment=c.name, log_name="rl")
+        for iteration in range(start_iteration, int(c.rl.iterations)):
+          runner.timing = {"rollout_s": 0.0, "judge_s": 0.0}
+          prompts = swe_rl.choose_prompts(
+              train_instances, int(c.rl.prompts_per_iteration) + int(c.rl.oversample),
+              iteration=iteration, seed=int(c.seed))
+          groups = []
+          if jax.process_index() == 0:
+            groups = swe_rollouts.balanced_groups(
+                runner, prompts, bar, iteration=iteration, seed=int(c.seed),
+                policy_version=service.version, progress_factory=run.progress_factory())
+          stats = swe_rl.iteration_stats(groups)
+          it_data = swe_rl.group_sequences(groups, run.store,
+                                           num_groups=int(c.rl.prompts_per_iteration))
+          stats.update(it_data.stats)
+          sequences = it_data.sequences
+          if teacher is not None and sequences:
+            sequences = swe_rl.add_teacher_logprobs(sequences, teacher)
+          batches, pack_stats = swe_rl.pack_updates(
+              sequences, c, data_parallel_size=train.data_parallel_size(run.mesh),
+              seed=int(c.seed) + iteration)
+          stats.update(pack_stats)
+          keys = list(batches[0]) if batches else list(data_keys(c))
+          batches = swe_rl.broadcast_batches(batches, keys=keys, shape=(
+              int(c.rl.batch_size), int(c.rl.seq_len)))
+          stats.update(swe_rl.train_iteration(trainer, batches,
+                                              extra_meta={"iteration": iteration + 1}))
+          stats["time/rollout_s"] = runner.timing["rollout_s"]
+          stats["time/judge_s"] = runner.timing["judge_s"]
+          if batches:
+            service.sync_weights(trainer.model(), version=trainer.step)
+          trainer.save(force=True, extra_meta={"iteration": iteration + 1})
+          trainer.metrics.write(trainer.step, {k: v for k, v in stats.items()
+                                               if isinstance(v, (int, float))})
+          history.append(stats)
+          print(swe_rl.summary_line(iteration, int(c.rl.iterations), stats), flush=True)
+        report = {}
+        if c.rl.final_eval:
+          report = _final_eval(run, service, env_client, train_instances,
+                               policy_version=service.version)
+    print(f"run finished in {(_time.perf_counter() - started) / 60:.1f} min; resolved rate "
+          f"(first stride) per iteration: "
+          f"{[round(h['resolved/first_stride'], 3) for h in history]}", flush=True)
+    return {"iterations": history, "eval": report, "workdir": run.dir}
+  finally:
+    run.close()
+
+
+def data_keys(config: ConfigDict) -> tuple[str, ...]:
+  """The keys of the RL packed batches (REQUIRED_KEYS, plus the teacher's with OPD)."""
+  from orchard_jax import data
+  keys = tuple(data.REQUIRED_KEYS)
+  if config.opd.mode != "none":
+    keys += ("teacher_logprobs", "teacher_mask")
+  return keys
+
+
+def value(config: ConfigDict) -> dict:
+  """Job "swe.value" (experiments/swe_value.py): trains the value model on the trajectory
+  store(s) and reports held-out AUC, calibration and best-of-k vs pass@k vs random@k."""
+  from orchard_jax import parallel
+  from orchard_jax.recipes import swe_policy, swe_value
+  directory = run_dir(config)
+  tokenizer = swe_policy.load_tokenizer(config.policy)
+  report = swe_value.train_value(config, directory, parallel.make_mesh(config.mesh), tokenizer)
+  print(swe_value.format_value_report(report), flush=True)
+  return report
+
+
+def evaluate_checkpoint(config: ConfigDict) -> dict:
+  """swe.evaluate with `--config.checkpoint=PATH`: serves the policy checkpoint (a run folder,
+  trainer folder or HF folder) and runs the harness eval.k times on the evaluation splits
+  (the run's own training subset and held-out instances when PATH is a run folder with
+  tasks.json), reporting pass@1, pass@k, random@k and value-model best-of-k."""
+  from orchard_jax.recipes import swe_policy, swe_value
+  run = _Run(config)
+  try:
+    record = run.load_split(config.checkpoint)
+    train_instances = training_subset(run.train_all, config.tasks, run.tokenizer)
+    model = swe_policy.build_policy(config.policy, run.mesh, vocab_size=run.tokenizer.vocab_size,
+                                    init=config.checkpoint)
+    scorer = None
+    if config.eval.value_checkpoint:
+      value_model = swe_value.load_value_model(config, config.eval.value_checkpoint, run.mesh,
+                                               run.tokenizer)
+      scorer = swe_value.rollout_scorer(value_model, run.store, run.tokenizer,
+                                        seq_len=int(config.value.seq_len),
+                                        batch_size=int(config.value.batch_size), mesh=run.mesh)
+    with sandbox_client(config.env) as env_client, \
+        swe_policy.PolicyService(config, model, run.tokenizer, run.store,
+                                 engine_seed=int(config.seed)) as service:
+      return _final_eval(run, service, env_client, train_instances, policy_version=None,
+                         split_record=record, value_scorer=scorer)
+  finally:
+    run.close()

@@ -244,6 +244,6 @@ def rpr_reward(judgement: Optional[Judgement], *, resolved: bool, truncated: boo
   """R' for one trajectory through `rl.rpr_reward` (R_bin when the judgement failed)."""
   scores = None if judgement is None or judgement.failed else judgement.scores
   reward = rl.rpr_reward(resolved, scores, alpha=alpha, truncated=truncated)
-  if judgement is not None and judgement.failure and not reward.failure:
+  if judgement is not None and judgement.failure:
     reward = dataclasses.replace(reward, failure=judgement.failure)
   return reward

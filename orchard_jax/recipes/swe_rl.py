@@ -1,0 +1,260 @@
+"""The RL stage of Orchard-SWE: BAR groups -> advantages -> packed batches -> sharded updates.
+
+One iteration (ALGORITHMS.md sections 2-5; DESIGN.md "the main job"):
+1. choose prompts (training instances), over-sampled by `rl.oversample` to replace dropped groups;
+2. `swe_rollouts.balanced_groups`: BAR strides of harness rollouts through the proxy, each
+   graded in a fresh sandbox and rewarded R_bin or R' = R_bin + alpha J (RPR);
+3. the group filter (`rl.select_groups`: aborted, zero reward spread, or no resolved rollout)
+   keeps `prompts_per_iteration` groups;
+4. GRPO advantages per group (`rl.grpo_advantages`), broadcast onto the tokens each rollout
+   sampled, read back from the proxy's records (`data.sequences_from_model_calls`, RL mode:
+   ids and log-probs exactly as sampled);
+5. on-policy distillation when configured: teacher log-probs of the sampled tokens;
+6. fixed-shape packed batches (`data.pack_sequences`), one optimiser update per batch, with
+   `train.PolicyLoss`;
+7. new weights into the engine (`PolicyService.sync_weights`), an orbax checkpoint with the
+   iteration in its meta (a restarted run resumes at the next iteration).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from orchard_jax import data, rl, train
+from orchard_jax.recipes import swe_rollouts
+
+_log = logging.getLogger(__name__)
+
+
+def policy_loss(config) -> train.PolicyLoss:
+  """train.PolicyLoss from the config's rl and opd blocks."""
+  r, o = config.rl, config.opd
+  return train.PolicyLoss(
+      eps_low=float(r.eps_low), eps_high=float(r.eps_high), aggregation=r.aggregation,
+      kl_coef=float(r.kl_coef), entropy_coef=float(r.entropy_coef),
+      tis_cap=float(r.tis_cap) if r.tis_cap else None, opd_mode=o.mode,
+      opd_divergence=o.divergence, opd_coef=float(o.coef), opd_lambda=float(o.lam),
+      chunk_size=int(r.chunk_size))
+
+
+def trainer_config(config, workdir: str, model_config) -> train.TrainerConfig:
+  """The RL trainer: one update per packed batch, a checkpoint at the end of each iteration."""
+  r = config.rl
+  total = max(int(r.iterations) * int(r.max_updates_per_iteration), 1)
+  optimizer = train.OptimizerConfig(
+      learning_rate=float(r.lr), end_learning_rate=float(r.end_lr),
+      warmup_steps=int(r.warmup_steps), total_steps=total, schedule=r.schedule,
+      weight_decay=float(r.weight_decay), max_grad_norm=float(r.max_grad_norm))
+  return train.TrainerConfig(
+      workdir=workdir, total_steps=total, optimizer=optimizer, microbatches=int(r.microbatches),
+      load_balancing_coef=float(getattr(model_config, "router_aux_loss_coef", 0.0) or 0.0),
+      save_every=10 ** 9, keep_checkpoints=int(r.keep_checkpoints), async_checkpoints=False,
+      log_every=1, seed=int(config.seed), tensorboard=True, progress=False)
+
+
+def choose_prompts(instances: Sequence[Any], count: int, *, iteration: int, seed: int) -> list:
+  """`count` training instances for one iteration: a seeded permutation per epoch over the
+  instances, so every instance comes up once before any repeats."""
+  if not instances:
+    return []
+  out = []
+  n = len(instances)
+  for j in range(iteration * count, (iteration + 1) * count):
+    epoch, index = divmod(j, n)
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    out.append(instances[order[index]])
+  return out
+
+
+@dataclasses.dataclass
+class IterationData:
+  """What one iteration trains on and the numbers to log."""
+  sequences: list
+  stats: dict
+
+
+def group_sequences(groups: Sequence[swe_rollouts.PromptGroup], store, *, num_groups: int,
+                    positive_is_resolved: bool = True) -> IterationData:
+  """Group filter, GRPO advantages and the recorded token sequences of the kept groups.
+
+  Rollouts whose records cannot train RL (text-only or missing log-probs) are left out and
+  counted; a group that loses a rollout that way is dropped.
+  """
+  kept, stats = rl.select_groups([g.assembly.rollouts for g in groups], num_groups,
+                                 positive_is_resolved=positive_is_resolved)
+  out_stats = {f"groups/{k}": v for k, v in stats.items()}
+  sequences, unusable = [], 0
+  for index in kept:
+    group = groups[index].group
+    rewards = np.asarray([r.reward for r in group], np.float32)
+    advantages = rl.grpo_advantages(rewards)
+    per_rollout = []
+    try:
+      for rollout in group:
+        calls = store.model_calls(rollout.session_id)
+        per_rollout.append(data.sequences_from_model_calls(calls, mode="rl"))
+    except data.DataError as error:
+      _log.warning("group of %s dropped: %s", groups[index].instance.instance_id, error)
+      unusable += 1
+      continue
+    for rollout, seqs, advantage in zip(group, per_rollout, advantages):
+      for s in seqs:
+        s = s.with_advantage(float(advantage))
+        s.metadata.update({"session_id": rollout.session_id, "reward": rollout.reward,
+                           "resolved": rollout.resolved})
+        sequences.append(s)
+  out_stats["groups/unusable_records"] = unusable
+  out_stats["groups/trained"] = len(kept) - unusable
+  return IterationData(sequences, out_stats)
+
+
+def add_teacher_logprobs(sequences: list, teacher) -> list:
+  """On-policy distillation: the teacher's log-probs of each sequence's tokens (its sampled
+  tokens are what the loss uses), with teacher_mask 1 on loss tokens the teacher scored."""
+  out = []
+  for s in sequences:
+    scores = teacher.score([int(t) for t in s.input_ids])
+    logprobs = np.asarray([0.0 if v is None else v for v in scores], np.float32)
+    valid = np.asarray([v is not None for v in scores], np.float32)
+    out.append(dataclasses.replace(s, teacher_logprobs=logprobs,
+                                   teacher_mask=valid * (s.loss_weights > 0)))
+  return out
+
+
+def pack_updates(sequences: list, config, *, data_parallel_size: int, seed: int
+                 ) -> tuple[list[dict], dict]:
+  """Fixed-shape batches for one iteration's updates (at most rl.max_updates_per_iteration;
+  sequences beyond are counted as over capacity, longer ones truncated and counted)."""
+  r = config.rl
+  if not sequences:
+    return [], {"packing/sequences": 0}
+  packed = data.pack_sequences(sequences, batch_size=int(r.batch_size), seq_len=int(r.seq_len),
+                               data_parallel_size=data_parallel_size, overflow="truncate",
+                               seed=seed)
+  batches = packed.batches
+  limit = int(r.max_updates_per_iteration)
+  stats = packed.stats.as_dict("packing/")
+  stats["packing/over_capacity_batches"] = max(len(batches) - limit, 0)
+  return batches[:limit], stats
+
+
+def summary_line(iteration: int, total: int, stats: dict) -> str:
+  """The per-iteration console line (reward mean, resolved, BAR, groups, tokens, time split)."""
+  return (f"[it {iteration + 1}/{total}] reward {stats['reward/mean']:+.3f}  "
+          f"resolved {stats['resolved/first_stride']:.2f} (first stride; all "
+          f"{stats['resolved/all']:.2f})  BAR rollouts {stats['bar/rollouts']} "
+          f"target/widened/ranked {stats['bar/target']}/{stats['bar/widened']}/"
+          f"{stats['bar/ranked']} pos.frac {stats['bar/positive_fraction']:.2f}  "
+          f"groups dropped {stats['groups/dropped']} (aborted {stats['groups/dropped_aborted']},"
+          f" zero-std {stats['groups/dropped_zero_reward_std']}, no-resolved "
+          f"{stats['groups/dropped_no_positive']})  tokens trained {stats['train/tokens']}  "
+          f"time rollout {stats['time/rollout_s']:.0f}s judge {stats['time/judge_s']:.0f}s "
+          f"train {stats['time/train_s']:.0f}s")
+
+
+def iteration_stats(groups: Sequence[swe_rollouts.PromptGroup]) -> dict:
+  """Reward, resolved-rate and BAR numbers of one iteration's rollouts."""
+  rollouts = [r for g in groups for r in g.rollouts]
+  first = [r for g in groups for r in g.first_stride]
+  assemblies = [g.assembly for g in groups]
+  group_rollouts = [r for g in groups for r in g.group]
+  judged = [r.judgement for r in rollouts if r.judgement is not None]
+  return {
+      "reward/mean": float(np.mean([r.reward for r in group_rollouts])) if group_rollouts
+      else float("nan"),
+      "resolved/first_stride": float(np.mean([r.resolved for r in first])) if first else 0.0,
+      "resolved/all": float(np.mean([r.resolved for r in rollouts])) if rollouts else 0.0,
+      "rollouts/aborted": sum(r.aborted for r in rollouts),
+      "rollouts/response_tokens_mean": float(np.mean([r.response_tokens for r in rollouts]))
+      if rollouts else 0.0,
+      "bar/rollouts": len(rollouts),
+      "bar/target": sum(a.mode == "target" for a in assemblies),
+      "bar/widened": sum(a.mode == "widened" for a in assemblies),
+      "bar/ranked": sum(a.mode == "ranked" for a in assemblies),
+      "bar/positive_fraction": float(np.mean([a.num_positive / max(len(a.rollouts), 1)
+                                              for a in assemblies])) if assemblies else 0.0,
+      "judge/failures": sum(j.failed for j in judged),
+      "judge/score_mean": float(np.mean([rl.judge_score(j.scores) for j in judged
+                                         if not j.failed])) if any(not j.failed for j in judged)
+      else float("nan"),
+  }
+
+
+def train_iteration(trainer, batches: Sequence[dict], *, extra_meta: dict) -> dict:
+  """One optimiser update per batch; returns summed tokens and the last step's metrics."""
+  start = time.perf_counter()
+  tokens, last = 0, {}
+  for batch in batches:
+    last = trainer.train_step(batch, extra_meta=extra_meta)
+    tokens += int(np.sum(batch["loss_weights"] > 0))
+  return {"train/tokens": tokens, "train/updates": len(batches),
+          "time/train_s": time.perf_counter() - start,
+          **{f"train/{k}": v for k, v in last.items() if np.ndim(v) == 0}}
+
+
+def broadcast_batches(batches: list[dict], *, keys: Sequence[str], shape: tuple[int, int]
+                      ) -> list[dict]:
+  """On a multi-host run, process 0's batches on every process (rollouts run on process 0).
+
+  Args:
+    batches: process 0's batches (ignored elsewhere).
+    keys: the batch keys (fixed by the loss: the same on every process).
+    shape: [batch, seq] of every array (fixed by the config).
+  """
+  import jax
+  if jax.process_count() == 1:
+    return batches
+  from jax.experimental import multihost_utils
+  count = int(multihost_utils.broadcast_one_to_all(np.int32(len(batches))))
+  ints = ("input_ids", "positions", "segment_ids")
+  out = []
+  for i in range(count):
+    out.append({k: np.asarray(multihost_utils.broadcast_one_to_all(
+        batches[i][k] if jax.process_index() == 0
+        else np.zeros(shape, np.int32 if k in ints else np.float32))) for k in keys})
+  return out
+
+
+class Teacher:
+  """The OPD teacher: a scoring client over SGLang URLs or a second embedded engine."""
+
+  def __init__(self, config, tokenizer, mesh):
+    self.config, self.tokenizer, self.mesh = config, tokenizer, mesh
+    self._server = None
+    self.client = None
+
+  def __enter__(self) -> "Teacher":
+    from orchard_jax import rollout
+    from orchard_jax.recipes import swe_policy
+    o = self.config.opd
+    urls = [u for u in str(o.teacher_urls).split(",") if u.strip()]
+    if not urls:
+      if not o.teacher_init:
+        raise ValueError("opd.mode is set but neither opd.teacher_urls nor opd.teacher_init is")
+      policy = self.config.policy
+      teacher_policy = dict(policy.to_dict(), init=o.teacher_init,
+                            preset=o.teacher_preset or policy.preset)
+      from ml_collections import ConfigDict
+      model = swe_policy.build_policy(ConfigDict(teacher_policy), self.mesh,
+                                      vocab_size=self.tokenizer.vocab_size)
+      engine = rollout.Engine(model, self.tokenizer, config=rollout.EngineConfig(
+          max_batch_size=2, batch_buckets=(1, 2),
+          max_seq_len=int(self.config.engine.max_seq_len) + 1))
+      self._server = rollout.InferenceServer(engine)
+      self._server.__enter__()
+      urls = [self._server.url]
+    self.client = rollout.SGLangClient(urls)
+    return self
+
+  def score(self, ids: list[int]) -> list[Optional[float]]:
+    return self.client.score(ids)
+
+  def __exit__(self, *exc) -> None:
+    if self.client is not None:
+      self.client.close()
+    if self._server is not None:
+      self._server.__exit__(None, None, None)
