@@ -112,7 +112,12 @@ class Trainer:
     self.state = None
     self.meta: dict = {}
     self.restored_step: Optional[int] = None
-    self._restore_or_init()
+    try:
+      self._restore_or_init()
+    except Exception:
+      self.checkpoints.close()
+      raise
+    self._initial_params = None  # the state holds the params now
     self.metrics = MetricsWriter(config.workdir, tensorboard=config.tensorboard,
                                  start_step=self.step)
     self._progress = ProgressBar(config.total_steps, self.step, enabled=config.progress or False)
