@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from orchard_jax import train
@@ -13,6 +14,7 @@ from orchard_jax.recipes import lm
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow
 def test_run_writes_checkpoints_tensorboard_and_heldout_loss(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}   # one CPU device, as a user
   workdir = tmp_path / "lm"
