@@ -95,17 +95,17 @@ def swe_base(preset="tiny"):
   c.tasks.heldout_fraction = 0.2      # instances kept out of training (by a hash of their id)
   c.tasks.train_tasks = 0 if big else 4  # RL/SFT training subset size (0 = every train task)
   c.tasks.selection = "all" if big else "shortest_expert"  # or "first": how the subset is chosen
-  c.tasks.per_package = 0 if big else 1  # at most this many subset tasks per package (0 = any)
+  c.tasks.per_package = 0 if big else 2  # at most this many subset tasks per package (0 = any)
   c.env = swe_env()
   c.env.max_parallel = 64 if big else 2
   c.agent = swe_agent()
   if big:
     c.agent.step_limit, c.agent.output_limit_chars = 100, 10000
   else:
-    c.agent.step_limit, c.agent.output_limit_chars, c.agent.wall_time_limit_s = 14, 1200, 600.0
+    c.agent.step_limit, c.agent.output_limit_chars, c.agent.wall_time_limit_s = 14, 300, 600.0
   c.engine = ml_collections.ConfigDict(dict(
       urls="",                       # SGLang native URLs (comma-separated); "" = embedded engine
-      max_batch_size=8, max_seq_len=65536 if big else 6144, decode_steps=16,
+      max_batch_size=8, max_seq_len=65536 if big else 4096, decode_steps=16,
       weights_dir="",                # where remote engines load new weights from (shared disk)
       served_model_name="policy"))
   c.sampling = ml_collections.ConfigDict(dict(
@@ -120,9 +120,9 @@ def swe_base(preset="tiny"):
       experiments=(),                # store source: only these experiments (empty: all)
       mode="credit",                 # "credit" (resolved + rise segments) or "resolved_only"
       eps=0.05,                      # rise threshold
-      max_tokens=65536 if big else 4096,  # longer trajectories are dropped (never truncated)
+      max_tokens=65536 if big else 3072,  # longer trajectories are dropped (never truncated)
       epochs=5 if big else 12,
-      batch_size=128 if big else 2, seq_len=65536 if big else 4096,
+      batch_size=128 if big else 2, seq_len=65536 if big else 3072,
       microbatches=1 if big else 2,  # rows per microbatch = batch_size / microbatches / devices
       lr=1e-5 if big else 2e-3, end_lr=1e-6 if big else 2e-4, warmup_steps=10 if big else 4,
       weight_decay=0.1 if big else 0.0, max_grad_norm=1.0, chunk_size=1024, save_every=200))
@@ -143,7 +143,7 @@ def swe_base(preset="tiny"):
       max_grad_norm=1.0, eps_low=0.2, eps_high=0.28, aggregation="token_mean",
       entropy_coef=1e-4, kl_coef=0.0, tis_cap=0.0,   # 0 = off
       batch_size=64 if big else 4,   # rows per update
-      seq_len=65536 if big else 4096, microbatches=1 if big else 4,
+      seq_len=65536 if big else 3072, microbatches=1 if big else 4,
       max_updates_per_iteration=4,   # packed batches beyond this are not trained (counted)
       chunk_size=1024, parallel_rollouts=64 if big else 4,
       rollout_timeout_s=0.0,         # a stride still running after this is abandoned (0 = off;
@@ -161,6 +161,8 @@ def swe_base(preset="tiny"):
       max_instances=0 if big else 4, # per split (0 = all)
       k=4 if big else 2,             # attempts per instance (pass@k, best-of-k)
       temperature=0.95 if big else 1.0, seed=1234,
+      parallel=0,                    # rollouts at a time (0 = rl.parallel_rollouts; 1 makes the
+                                     # engine batch one request, bit-reproducible sampling)
       value_checkpoint="",           # a value-model run folder for best-of-k ("" = none)
       output_dir=""))                # "" = <workdir>/eval
   c.value = ml_collections.ConfigDict(dict(
@@ -169,7 +171,7 @@ def swe_base(preset="tiny"):
       stores=(),                     # trajectory stores to learn from (empty: runs/*/store)
       experiments=(),                # only these experiments (empty: all)
       heldout_fraction=0.25, every_position=False, epochs=3 if big else 4,
-      batch_size=32 if big else 2, seq_len=65536 if big else 4096, microbatches=1 if big else 2,
+      batch_size=32 if big else 2, seq_len=65536 if big else 3072, microbatches=1 if big else 2,
       lr=1e-5 if big else 1e-3, end_lr=1e-6 if big else 1e-4, warmup_steps=2, chunk_size=1024,
       ks=(1, 2, 4, 8)))
   if preset == "cluster":

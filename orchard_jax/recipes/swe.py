@@ -380,8 +380,8 @@ class _Run:
 
 def _resolved_train_subset(run: _Run, env_client) -> list[SWEInstance]:
   """The training subset; with the replay expert as SFT source, candidates whose gold
-  trajectory does not resolve are replaced by the next ones (a task the expert cannot solve
-  gives SFT no positive example)."""
+  trajectory does not resolve, or is longer than sft.max_tokens, are replaced by the next ones
+  (such a task would give SFT no positive example)."""
   c = run.config
   wanted = int(c.tasks.train_tasks)
   if c.tasks.selection == "all" or wanted <= 0 or c.sft.source != "expert" \
@@ -398,11 +398,13 @@ def _resolved_train_subset(run: _Run, env_client) -> list[SWEInstance]:
                                        agent_config=run.expert_agent_config(),
                                        experiment=f"{c.name}-expert",
                                        parallel=int(c.env.max_parallel), seed=int(c.seed))
-    solved = {t.task_id for t in gold if t.resolved}
+    limit = int(c.sft.max_tokens)
+    solved = {t.task_id for t in gold if t.resolved and sum(
+        len(q) for q in swe_sft.trajectory_sequences(t, run.tokenizer, run.store)) <= limit}
     skipped = [i.instance_id for i in batch if i.instance_id not in solved]
     if skipped:
-      _log.warning("training subset: the replay expert's gold run does not resolve %s; "
-                   "taking the next candidates", skipped)
+      _log.warning("training subset: the replay expert's gold run does not resolve %s within "
+                   "%d tokens; taking the next candidates", skipped, limit)
     chosen += [i for i in batch if i.instance_id in solved]
   return chosen
 
@@ -472,6 +474,8 @@ def _final_eval(run: _Run, service, env_client, train_instances, *, policy_versi
   c = run.config
   runner = _runner(run, service, env_client, experiment=f"{c.name}-eval", log_name="eval")
   runner.sampling["temperature"] = float(c.eval.temperature)
+  if int(c.eval.parallel):
+    runner.parallel = int(c.eval.parallel)
   report = swe_eval.evaluate_policy(
       runner, _eval_splits(run, train_instances, split_record), k=int(c.eval.k),
       seed=int(c.eval.seed), value_scorer=value_scorer,

@@ -9,8 +9,9 @@ to the trajectory store, so later experiments (the value model) can use it.
 A rollout is *aborted* when its run raised (sandbox, engine or proxy failure), went past
 `rollout_timeout_s`, or the agent's wall-time limit or a model-call failure ended it: BAR puts
 such rollouts on its backfill pile and the group filter drops a group holding one
-(ALGORITHMS.md section 2). Running out of steps or repeated format errors are ordinary
-failures (R_bin = -1, truncated).
+(ALGORITHMS.md section 2). A rollout that ran out of steps is *truncated*: R_bin = -1 and it
+never counts as resolved, whatever its partial patch does. Repeated format errors are an
+ordinary failure: the (usually empty) submission is graded like any other.
 
 `balanced_groups` runs BAR (rl.assemble_group, rl.rollouts_to_request) for many prompts at
 once: each round asks every unfinished prompt for its next stride, runs all of them together,
@@ -34,7 +35,7 @@ _log = logging.getLogger(__name__)
 
 ABORTED = "aborted"
 _ABORT_EXITS = ("TimeExceeded", "ModelError", ABORTED)
-_TRUNCATED_EXITS = ("LimitsExceeded", "RepeatedFormatError")
+_TRUNCATED_EXITS = ("LimitsExceeded",)
 
 
 @dataclasses.dataclass
@@ -71,7 +72,8 @@ class Rollout:
 
   @property
   def resolved(self) -> bool:
-    return bool(self.trajectory.resolved) and not self.aborted
+    """Graded resolved, and neither aborted nor truncated (ALGORITHMS.md section 5)."""
+    return bool(self.trajectory.resolved) and not self.aborted and not self.truncated
 
   @property
   def truncated(self) -> bool:
