@@ -94,6 +94,39 @@ def delta_rule_recurrent(q, k, v, g, beta, state):
   return jnp.moveaxis(out, 0, 1), state
 
 
+def unit_lower_inverse(a: jax.Array) -> jax.Array:
+  """(I + a)^-1 for strictly lower-triangular a [..., n, n], by recursive block inversion:
+  [[A, 0], [C, B]]^-1 = [[A^-1, 0], [-B^-1 C A^-1, B^-1]], doubling the block size each step.
+
+  Only batched matmuls (no LAPACK custom call, no loop), so it partitions cleanly under SPMD
+  and is as accurate as forward substitution. n is padded to a power of two internally.
+  """
+  n = a.shape[-1]
+  size = 1 << max(0, (n - 1).bit_length())
+  if size != n:
+    a = jnp.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, size - n), (0, size - n)])
+  batch = a.shape[:-2]
+  inv = jnp.ones(batch + (size, 1, 1), a.dtype)         # inverses of the 1x1 diagonal blocks
+  block = 1
+  while block < size:
+    pairs = size // (2 * block)
+    # off-diagonal block C of each pair: rows [2i*b + b, 2i*b + 2b), cols [2i*b, 2i*b + b)
+    blocks = a.reshape(batch + (pairs, 2, block, pairs, 2, block))
+    idx = jnp.arange(pairs)
+    c = blocks[..., idx, 1, :, idx, 0, :]               # [pairs, ..., block, block]
+    c = jnp.moveaxis(c, 0, -3)                          # [..., pairs, block, block]
+    inv = inv.reshape(batch + (pairs, 2, block, block))
+    upper, lower = inv[..., 0, :, :], inv[..., 1, :, :]
+    corner = -(lower @ (c @ upper))
+    zeros = jnp.zeros_like(corner)
+    top = jnp.concatenate([upper, zeros], axis=-1)
+    bottom = jnp.concatenate([corner, lower], axis=-1)
+    inv = jnp.concatenate([top, bottom], axis=-2)       # [..., pairs, 2 block, 2 block]
+    block *= 2
+  inv = inv.reshape(batch + (size, size))
+  return inv[..., :n, :n]
+
+
 def delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
                        runs: jax.Array, state: jax.Array, chunk: int
                        ) -> tuple[jax.Array, jax.Array]:
@@ -138,11 +171,9 @@ def delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, b
   k_beta = k * beta[..., None]
   a = jnp.einsum("bhnik,bhnjk->bhnij", k_beta, k) * decay
   a = jnp.where(lower_strict, a, 0.0)
-  eye = jnp.eye(chunk, dtype=jnp.float32)
   big_gamma = jnp.exp(gamma) * carry                                          # [b, h, n, C]
   rhs = jnp.concatenate([v * beta[..., None], k_beta * big_gamma[..., None]], axis=-1)
-  solved = jax.lax.linalg.triangular_solve(eye + a, rhs, left_side=True, lower=True,
-                                           unit_diagonal=True)
+  solved = unit_lower_inverse(a) @ rhs
   new_values, k_cumdecay = solved[..., :dv], solved[..., dv:]
   attn = jnp.einsum("bhnik,bhnjk->bhnij", q, k) * decay
   q_decayed = q * big_gamma[..., None]

@@ -1,0 +1,146 @@
+"""`python launch/bench.py --suite model`: policy forward+backward throughput and peak memory,
+orchard_jax vs transformers (PyTorch), same config, same batch, same threads, float32.
+
+Cases follow /work/shared/PEERS.md: the `tiny` and `small` presets of both architectures
+(qwen3_moe: tiny, small; qwen3_5_moe: tiny_qwen3_5, small_qwen3_5) at batch 4 x 512 (tiny) and
+4 x 1024 (small), random token ids, loss = next-token cross-entropy (+ the router's
+load-balancing loss for orchard_jax, as transformers adds it when labels are given and
+output_router_logits is set; here neither side adds it, to compare the same work).
+
+Each side runs in its own subprocess (so peak RSS is its own): torch with
+torch.set_num_threads(THREADS); JAX with XLA's CPU thread pool limited to THREADS cores via
+taskset when available. Timing: `warmup` untimed steps, then the median of `repeats` steps
+(tiny 2 + 5, small 1 + 3). orchard_jax's step is one jitted function computing the loss and
+the gradients of all parameters (the first call, compilation, is excluded like warm-ups).
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+from launch.benchmarks import common  # noqa: E402
+
+THREADS = 2
+CASES = (  # (preset, architecture label, batch, seq, warmup, repeats, target ratio)
+    ("tiny", "qwen3_moe", 4, 512, 2, 5, None),
+    ("tiny_qwen3_5", "qwen3_5_moe", 4, 512, 2, 5, None),
+    ("small", "qwen3_moe", 4, 1024, 1, 3, 2.0),
+    ("small_qwen3_5", "qwen3_5_moe", 4, 1024, 1, 3, 2.0),
+)
+
+
+def run() -> list[common.Row]:
+  import transformers
+  baseline = f"transformers {transformers.__version__} (torch, {THREADS} threads, fp32)"
+  rows = []
+  for preset, arch, batch, seq, warmup, repeats, target in CASES:
+    ours = _subprocess("ours", preset, batch, seq, warmup, repeats)
+    theirs = _subprocess("transformers", preset, batch, seq, warmup, repeats)
+    case = f"{preset} ({arch}) fwd+bwd {batch}x{seq}"
+    rows.append(common.Row(case=case, metric="tokens/s", ours=ours["tokens_per_s"],
+                           baseline=theirs["tokens_per_s"], baseline_name=baseline,
+                           target=target))
+    rows.append(common.Row(case=case, metric="peak RSS GB", ours=ours["peak_rss_gb"],
+                           baseline=theirs["peak_rss_gb"], baseline_name=baseline,
+                           higher_is_better=False))
+  return rows
+
+
+def _subprocess(side: str, preset: str, batch: int, seq: int, warmup: int,
+                repeats: int) -> dict:
+  cmd = [sys.executable, "-m", "launch.benchmarks.model", side, preset, str(batch), str(seq),
+         str(warmup), str(repeats)]
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)                 # one CPU device, not the tests' eight
+  env["JAX_PLATFORMS"] = "cpu"
+  env["OMP_NUM_THREADS"] = str(THREADS)
+  if side == "ours" and _has_taskset() and os.cpu_count() and os.cpu_count() > THREADS:
+    cmd = ["taskset", "-c", f"0-{THREADS - 1}"] + cmd
+  out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+  if out.returncode != 0:
+    raise RuntimeError(f"benchmark worker {side} {preset} failed:\n{out.stderr[-4000:]}")
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _has_taskset() -> bool:
+  from shutil import which
+  return which("taskset") is not None
+
+
+def _peak_rss_gb() -> float:
+  import resource
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20   # KiB on Linux
+
+
+def _batch(vocab: int, batch: int, seq: int):
+  import numpy as np
+  rng = np.random.default_rng(0)
+  return rng.integers(0, vocab, (batch, seq)).astype(np.int32)
+
+
+def _time(step, warmup: int, repeats: int) -> float:
+  durations = common.time_calls(step, warmup=warmup, repeats=repeats)
+  return common.median(durations)
+
+
+def _worker_ours(preset: str, batch: int, seq: int, warmup: int, repeats: int) -> dict:
+  import dataclasses
+
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from orchard_jax import models
+  config = dataclasses.replace(models.get_preset(preset), dtype="float32",
+                               param_dtype="float32")
+  model = models.CausalLM(config, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  ids = jnp.asarray(_batch(config.vocab_size, batch, seq))
+  positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
+  segments = jnp.ones((batch, seq), jnp.int32)
+
+  def loss_fn(params):
+    logits, _ = nnx.merge(graphdef, params)(ids, positions, segments)
+    logp = jax.nn.log_softmax(logits[:, :-1])
+    nll = -jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)
+    return jnp.mean(nll)
+
+  step = jax.jit(jax.value_and_grad(loss_fn))
+  jax.block_until_ready(step(params))        # compile
+  median = _time(lambda: jax.block_until_ready(step(params)), warmup, repeats)
+  return {"tokens_per_s": batch * seq / median, "peak_rss_gb": _peak_rss_gb()}
+
+
+def _worker_transformers(preset: str, batch: int, seq: int, warmup: int, repeats: int) -> dict:
+  import torch
+  import transformers
+
+  from orchard_jax import models
+  from orchard_jax.models import hf
+  torch.set_num_threads(THREADS)
+  torch.manual_seed(0)
+  config = models.get_preset(preset)
+  hf_config = transformers.AutoConfig.for_model(
+      **dict(hf.config_to_hf(config), dtype="float32"))
+  model = transformers.AutoModelForCausalLM.from_config(hf_config).float().train()
+  ids = torch.tensor(_batch(config.vocab_size, batch, seq), dtype=torch.long)
+
+  def step():
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+
+  median = _time(step, warmup, repeats)
+  return {"tokens_per_s": batch * seq / median, "peak_rss_gb": _peak_rss_gb()}
+
+
+if __name__ == "__main__":
+  side, preset, batch, seq, warmup, repeats = sys.argv[1:7]
+  worker = _worker_ours if side == "ours" else _worker_transformers
+  result = worker(preset, int(batch), int(seq), int(warmup), int(repeats))
+  print(json.dumps(result))
