@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 # Suite name -> module under launch/benchmarks. One line per suite.
 SUITES = {
+    "model": "model",
     "train": "train",
     "sampler": "sampler",
     "proxy": "proxy",
