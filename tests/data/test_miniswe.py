@@ -13,7 +13,6 @@ PATCH = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n
 def _run_mini_swe_agent(tmp_path, monkeypatch, instance_id):
   """Run mini-swe-agent's DefaultAgent with its scripted test model in a scratch folder and
   save the trajectory the way its SWE-bench batch runner does."""
-  monkeypatch.setenv("MSWEA_GLOBAL_CONFIG_DIR", str(tmp_path / "mswea-config"))
   from minisweagent.agents.default import DefaultAgent
   from minisweagent.environments.local import LocalEnvironment
   from minisweagent.models.test_models import DeterministicToolcallModel, make_toolcall_output

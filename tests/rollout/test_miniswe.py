@@ -22,12 +22,9 @@ from orchard_jax.rollout import InferenceServer, RecordingProxy, SGLangUpstream
 @pytest.mark.slow
 def test_mini_swe_agent_multi_step_run_is_fully_recorded(agent_engine, tokenizer, tmp_path,
                                                           monkeypatch):
-  # mini-swe-agent writes a config folder under $HOME on import; litellm would fetch its price
-  # table from the network on import. Point both at local, temporary state.
-  monkeypatch.setenv("MSWEA_GLOBAL_CONFIG_DIR", str(tmp_path / "mswea-config"))
-  monkeypatch.setenv("MSWEA_SILENT_STARTUP", "1")
+  # tests/conftest.py points mini-swe-agent's config folder and litellm's price table at local,
+  # temporary state for the whole session (they are read once, on first import).
   monkeypatch.setenv("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "1")
-  monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
   from minisweagent.agents.default import DefaultAgent
   from minisweagent.environments.local import LocalEnvironment
   from minisweagent.models.litellm_model import LitellmModel
@@ -68,4 +65,4 @@ def test_mini_swe_agent_multi_step_run_is_fully_recorded(agent_engine, tokenizer
     assert tokenizer.decode(record.output_ids).startswith("<tool_call>")
   [sequence] = sequences_from_model_calls(records, mode="rl")
   assert sequence.num_loss_tokens == sum(len(r.output_ids) for r in records)
-  assert os.path.isdir(tmp_path / "mswea-config")
+  assert os.path.isdir(os.environ["MSWEA_GLOBAL_CONFIG_DIR"])  # not under $HOME
