@@ -110,8 +110,9 @@ def format_observation(returncode: int, output: str, *, limit: int,
 
 
 def parse_action(content: str, action_regex: str = prompts.ACTION_REGEX) -> list[str]:
-  """The bash commands in a reply (a well-formed reply has exactly one)."""
-  return [a.strip() for a in re.findall(action_regex, content, re.DOTALL)]
+  """The bash commands in a reply (a well-formed reply has exactly one); an empty block is not
+  a command (it counts as a format error instead of reaching the sandbox, which refuses it)."""
+  return [a.strip() for a in re.findall(action_regex, content, re.DOTALL) if a.strip()]
 
 
 class BashAgent:
