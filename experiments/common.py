@@ -93,9 +93,9 @@ def swe_base(preset="tiny"):
                                                                    expert=1))
   c.tasks = swe_tasks()
   c.tasks.heldout_fraction = 0.2      # instances kept out of training (by a hash of their id)
-  c.tasks.train_tasks = 0 if big else 4  # RL/SFT training subset size (0 = every train task)
+  c.tasks.train_tasks = 0 if big else 2  # RL/SFT training subset size (0 = every train task)
   c.tasks.selection = "all" if big else "shortest_expert"  # or "first": how the subset is chosen
-  c.tasks.per_package = 0 if big else 2  # at most this many subset tasks per package (0 = any)
+  c.tasks.per_package = 0 if big else 1  # at most this many subset tasks per package (0 = any)
   c.env = swe_env()
   c.env.max_parallel = 64 if big else 2
   c.agent = swe_agent()
@@ -108,43 +108,48 @@ def swe_base(preset="tiny"):
       max_batch_size=8, max_seq_len=65536 if big else 4096, decode_steps=16,
       weights_dir="",                # where remote engines load new weights from (shared disk)
       served_model_name="policy"))
+  # top_p 0.95 (Orchard's) matters at tiny scale too: after SFT the correct token often has
+  # p > 0.98 while ~1% of the mass is spread over thousands of others, and sampling that tail
+  # once in a 900-token trajectory derails it (measured: 0/8 resolved at top_p 1.0, 6/8 at 0.95).
   c.sampling = ml_collections.ConfigDict(dict(
-      temperature=0.95 if big else 1.0, top_p=0.95 if big else 1.0,
-      max_tokens=4096 if big else 768))  # per turn
+      temperature=0.95 if big else 1.0, top_p=0.95,
+      max_tokens=4096 if big else 512))  # per turn
   c.store = ml_collections.ConfigDict(dict(path=""))  # "" = <workdir>/store
   c.sft = ml_collections.ConfigDict(dict(
       enabled=True,                  # warm-start with SFT when policy.init is ""
       source="expert",               # "expert" (replay expert on the training tasks), a trajectory
                                      # store folder, or a mini-swe-agent trajectory folder
-      variants=("gold", "give_up"),  # replay-expert variants (harness.VARIANTS)
+      variants=("gold", "give_up") if big else ("gold",),  # replay-expert variants
+                                     # (harness.VARIANTS); tiny: gold only, as each extra
+                                     # trajectory costs a 12 s step per epoch on 2 cores
       experiments=(),                # store source: only these experiments (empty: all)
       mode="credit",                 # "credit" (resolved + rise segments) or "resolved_only"
       eps=0.05,                      # rise threshold
-      max_tokens=65536 if big else 3072,  # longer trajectories are dropped (never truncated)
-      epochs=5 if big else 12,
-      batch_size=128 if big else 2, seq_len=65536 if big else 3072,
+      max_tokens=65536 if big else 2560,  # longer trajectories are dropped (never truncated)
+      epochs=5 if big else 72,       # tiny: one step per epoch; ~70 steps memorise 2 tasks
+      batch_size=128 if big else 2, seq_len=65536 if big else 2560,
       microbatches=1 if big else 2,  # rows per microbatch = batch_size / microbatches / devices
-      lr=1e-5 if big else 2e-3, end_lr=1e-6 if big else 2e-4, warmup_steps=10 if big else 4,
+      lr=1e-5 if big else 3e-3, end_lr=1e-6 if big else 3e-4, warmup_steps=10 if big else 5,
       weight_decay=0.1 if big else 0.0, max_grad_norm=1.0, chunk_size=1024, save_every=200))
   c.annotator = _endpoint("evidence")
   c.annotator.temperature = 0.2
   c.annotator.prompt = "swe_annotator.txt"
   c.rl = ml_collections.ConfigDict(dict(
-      iterations=100 if big else 3,
-      prompts_per_iteration=16 if big else 4,  # groups per batch
+      iterations=100 if big else 2,
+      prompts_per_iteration=16 if big else 2,  # groups per batch
       oversample=4 if big else 0,    # extra prompts rolled out to replace dropped groups
       bar=ml_collections.ConfigDict(dict(
-          group_size=8 if big else 4, max_rollouts=16 if big else 6, stride=16 if big else 4,
+          group_size=8 if big else 4, max_rollouts=16 if big else 6, stride=16 if big else 2,
           positive_fraction=(0.375, 0.625) if big else (0.25, 0.75))),
       reward="binary",               # "binary" (R_bin) or "rpr" (R_bin + rpr_alpha * J)
       rpr_alpha=0.5,
-      lr=1e-6 if big else 1e-4, end_lr=1e-7 if big else 1e-4,
+      lr=1e-6 if big else 3e-4, end_lr=1e-7 if big else 3e-4,
       schedule="cosine" if big else "constant", warmup_steps=0, weight_decay=0.0,
       max_grad_norm=1.0, eps_low=0.2, eps_high=0.28, aggregation="token_mean",
       entropy_coef=1e-4, kl_coef=0.0, tis_cap=0.0,   # 0 = off
       batch_size=64 if big else 4,   # rows per update
-      seq_len=65536 if big else 3072, microbatches=1 if big else 4,
-      max_updates_per_iteration=4,   # packed batches beyond this are not trained (counted)
+      seq_len=65536 if big else 2560, microbatches=1 if big else 4,
+      max_updates_per_iteration=4 if big else 3,  # batches beyond are not trained (counted)
       chunk_size=1024, parallel_rollouts=64 if big else 4,
       rollout_timeout_s=0.0,         # a stride still running after this is abandoned (0 = off;
                                      # the agent's own wall_time_limit_s ends runs first)
@@ -158,8 +163,8 @@ def swe_base(preset="tiny"):
       divergence="js_skew", coef=1.0, lam=0.5))
   c.eval = ml_collections.ConfigDict(dict(
       splits=("train", "heldout"),   # which instances: the training subset and/or held-out ones
-      max_instances=0 if big else 4, # per split (0 = all)
-      k=4 if big else 2,             # attempts per instance (pass@k, best-of-k)
+      max_instances=0 if big else 2, # per split (0 = all)
+      k=4,                           # attempts per instance (pass@k, best-of-k)
       temperature=0.95 if big else 1.0, seed=1234,
       parallel=0,                    # rollouts at a time (0 = rl.parallel_rollouts; 1 makes the
                                      # engine batch one request, bit-reproducible sampling)
@@ -171,7 +176,7 @@ def swe_base(preset="tiny"):
       stores=(),                     # trajectory stores to learn from (empty: runs/*/store)
       experiments=(),                # only these experiments (empty: all)
       heldout_fraction=0.25, every_position=False, epochs=3 if big else 4,
-      batch_size=32 if big else 2, seq_len=65536 if big else 3072, microbatches=1 if big else 2,
+      batch_size=32 if big else 2, seq_len=65536 if big else 2560, microbatches=1 if big else 2,
       lr=1e-5 if big else 1e-3, end_lr=1e-6 if big else 1e-4, warmup_steps=2, chunk_size=1024,
       ks=(1, 2, 4, 8)))
   if preset == "cluster":

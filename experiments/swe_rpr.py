@@ -21,4 +21,6 @@ def get_config(preset="tiny"):
   config.name = "swe_rpr"
   config.rl.reward = "rpr"
   config.rl.rpr_alpha = 0.5
+  if preset == "tiny":      # the default run's time budget: evaluate the training subset only
+    config.eval.splits = ("train",)
   return config

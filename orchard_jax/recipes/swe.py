@@ -578,8 +578,8 @@ def rl(config: ConfigDict) -> dict:
           report = _final_eval(run, service, env_client, train_instances,
                                policy_version=service.version)
     print(f"run finished in {(_time.perf_counter() - started) / 60:.1f} min; resolved rate "
-          f"(first stride) per iteration: "
-          f"{[round(h['resolved/first_stride'], 3) for h in history]}", flush=True)
+          f"(first rollouts of each prompt) per iteration: "
+          f"{[round(h['resolved/first'], 3) for h in history]}", flush=True)
     return {"iterations": history, "eval": report, "workdir": run.dir}
   finally:
     run.close()

@@ -145,7 +145,7 @@ def pack_updates(sequences: list, config, *, data_parallel_size: int, seed: int
 def summary_line(iteration: int, total: int, stats: dict) -> str:
   """The per-iteration console line (reward mean, resolved, BAR, groups, tokens, time split)."""
   return (f"[it {iteration + 1}/{total}] reward {stats['reward/mean']:+.3f}  "
-          f"resolved {stats['resolved/first_stride']:.2f} (first stride; all "
+          f"resolved {stats['resolved/first']:.2f} (first rollouts; all "
           f"{stats['resolved/all']:.2f})  BAR rollouts {stats['bar/rollouts']} "
           f"target/widened/ranked {stats['bar/target']}/{stats['bar/widened']}/"
           f"{stats['bar/ranked']} pos.frac {stats['bar/positive_fraction']:.2f}  "
@@ -159,14 +159,14 @@ def summary_line(iteration: int, total: int, stats: dict) -> str:
 def iteration_stats(groups: Sequence[swe_rollouts.PromptGroup]) -> dict:
   """Reward, resolved-rate and BAR numbers of one iteration's rollouts."""
   rollouts = [r for g in groups for r in g.rollouts]
-  first = [r for g in groups for r in g.first_stride]
+  first = [r for g in groups for r in g.first_rollouts]
   assemblies = [g.assembly for g in groups]
   group_rollouts = [r for g in groups for r in g.group]
   judged = [r.judgement for r in rollouts if r.judgement is not None]
   return {
       "reward/mean": float(np.mean([r.reward for r in group_rollouts])) if group_rollouts
       else float("nan"),
-      "resolved/first_stride": float(np.mean([r.resolved for r in first])) if first else 0.0,
+      "resolved/first": float(np.mean([r.resolved for r in first])) if first else 0.0,
       "resolved/all": float(np.mean([r.resolved for r in rollouts])) if rollouts else 0.0,
       "rollouts/aborted": sum(r.aborted for r in rollouts),
       "rollouts/response_tokens_mean": float(np.mean([r.response_tokens for r in rollouts]))

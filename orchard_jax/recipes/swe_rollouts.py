@@ -261,6 +261,7 @@ class PromptGroup:
   rollouts: list[Rollout]
   assembly: rl.Assembly
   stride: int
+  group_size: int
 
   @property
   def group(self) -> list[Rollout]:
@@ -268,10 +269,13 @@ class PromptGroup:
     return [self.rollouts[s.rollout_id] for s in self.assembly.rollouts]
 
   @property
-  def first_stride(self) -> list[Rollout]:
-    """The rollouts of the first stride: always generated, so an unbiased sample of the
-    policy's success rate on this prompt (later strides depend on earlier results)."""
-    return [r for r in self.rollouts if r.request.attempt < self.stride]
+  def first_rollouts(self) -> list[Rollout]:
+    """The rollouts BAR generates whatever their results: the first stride, or the first
+    ceil(N / s) strides when a stride is smaller than the group (no group can assemble
+    before N rollouts exist). An unbiased sample of the policy's success rate on this
+    prompt; later strides depend on earlier results."""
+    always = -(-self.group_size // self.stride) * self.stride
+    return [r for r in self.rollouts if r.request.attempt < always]
 
 
 def balanced_groups(runner: RolloutRunner, instances: Sequence[Any], bar: rl.BARConfig, *,
@@ -321,6 +325,6 @@ def balanced_groups(runner: RolloutRunner, instances: Sequence[Any], bar: rl.BAR
       if assemblies[p] is None:   # every request yields a rollout, so len(pool) == requested
         assemblies[p] = rl.assemble_group([r.scored(i) for i, r in enumerate(pools[p])], bar)
     round_index += 1
-  return [PromptGroup(instance, pools[p], assemblies[p], bar.stride)
+  return [PromptGroup(instance, pools[p], assemblies[p], bar.stride, bar.group_size)
           for p, instance in enumerate(instances)]
 

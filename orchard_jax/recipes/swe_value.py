@@ -4,7 +4,7 @@
 Trajectories from earlier experiments (RL rollouts, evaluations, distillation, the replay
 expert) are read from one or more trajectory stores; each evaluated, non-aborted trajectory
 becomes one token sequence (its recorded ids when the proxy recorded it, else its messages with
-the policy's chat template) labelled with its resolved outcome. A `models.ValueModel` (the
+the policy's chat template) labelled with its resolved outcome. A `ValueModel` (the
 policy backbone with a scalar head; from a policy checkpoint or a preset) is trained with binary
 cross-entropy at the final position (optionally every position) by the shared trainer. Tasks
 are split into train and held-out by a hash of their id, and the held-out trajectories give
@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 
 from orchard_jax import data, models, parallel, rl, train
+from orchard_jax.models.value import ValueModel  # not re-exported by orchard_jax.models yet
 from orchard_jax.recipes import swe_policy, swe_sft
 
 _log = logging.getLogger(__name__)
@@ -117,24 +118,24 @@ def pack_labelled(items: Sequence[LabelledSequence], *, batch_size: int, seq_len
   return packed
 
 
-def build_value_model(config, mesh, tokenizer) -> models.ValueModel:
+def build_value_model(config, mesh, tokenizer) -> ValueModel:
   """A ValueModel: from value.init_from_policy (a policy checkpoint or HF folder) when set,
   else a fresh one of value.preset."""
   v = config.value
   if v.init_from_policy:
     policy = swe_policy.build_policy(config.policy, mesh, vocab_size=tokenizer.vocab_size,
                                      init=v.init_from_policy)
-    return models.ValueModel.from_policy(policy, rngs=nnx.Rngs(int(config.seed)))
+    return ValueModel.from_policy(policy, rngs=nnx.Rngs(int(config.seed)))
   model_config = models.get_preset(v.preset)
   if model_config.vocab_size < tokenizer.vocab_size:
     raise swe_policy.PolicyError(f"value preset {v.preset!r} has vocab_size "
                                  f"{model_config.vocab_size}; the tokenizer needs "
                                  f"{tokenizer.vocab_size}")
   return parallel.create_sharded(
-      lambda: models.ValueModel(model_config, rngs=nnx.Rngs(int(config.seed))), mesh)
+      lambda: ValueModel(model_config, rngs=nnx.Rngs(int(config.seed))), mesh)
 
 
-def load_value_model(config, path: str, mesh, tokenizer) -> models.ValueModel:
+def load_value_model(config, path: str, mesh, tokenizer) -> ValueModel:
   """The value model a value run wrote (run folder, its value/ folder, or checkpoints/)."""
   model = build_value_model(config, mesh, tokenizer)
   for sub in ("value", ""):

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from experiments import swe_eval as swe_eval_experiment
-from experiments import swe_rpr
+from experiments import swe_rpr, swe_value
 from orchard_jax import data
 from orchard_jax.recipes import swe
 from tests.recipes import conftest
@@ -76,7 +76,7 @@ def test_iterations_are_logged_and_trained(mini_run):
   history = result["iterations"]
   assert len(history) == 2
   for stats in history:
-    for key in ("reward/mean", "resolved/first_stride", "bar/rollouts", "groups/dropped",
+    for key in ("reward/mean", "resolved/first", "bar/rollouts", "groups/dropped",
                 "train/tokens", "time/rollout_s", "time/judge_s", "time/train_s"):
       assert key in stats
     # BAR: every prompt gets its first stride; a prompt stops at N_max = 6.
@@ -149,19 +149,51 @@ def test_weights_sync_and_checkpoints(mini_run):
       "coin__parse-0", "coin__parse-1"]
 
 
+@pytest.fixture(scope="module")
+def value_run(mini_run, coin_dataset, tmp_path_factory):
+  """swe.value on the miniature run's trajectory store, backbone from its policy checkpoint."""
+  _, run_config, _, _ = mini_run
+  config = conftest.mini_config(swe_value, tmp_path_factory.mktemp("value"), coin_dataset)
+  config.value.update(dict(stores=(os.path.join(run_config.workdir, "store"),),
+                           init_from_policy=run_config.workdir, heldout_fraction=0.0,
+                           epochs=1, batch_size=8, microbatches=1, seq_len=1536, ks=(1, 2)))
+  return swe.value(config), config
+
+
 @pytest.mark.slow
-def test_checkpoint_evaluation_reproduces_the_final_evaluation(mini_run, coin_dataset,
-                                                               tmp_path):
-  """swe_eval --config.checkpoint=<run> samples the same tokens as the run's final evaluation
-  (same weights, same seeds, one request at a time); outcomes differ only by the coin."""
+def test_value_model_trains_on_the_store(mini_run, value_run):
   result, run_config, _, _ = mini_run
+  report, config = value_run
+  with data.TrajectoryStore(os.path.join(run_config.workdir, "store")) as store:
+    usable = [t for t in store.trajectories() if t.resolved is not None
+              and not t.metadata.get("aborted") and t.exit_status != "aborted"]
+  assert report["data"]["kept"] == len(usable) == report["data"]["train"]
+  assert report["data"]["resolved"] == sum(bool(t.resolved) for t in usable)
+  fit = report["train_fit"]
+  assert 0.0 <= fit["ece"] <= 1.0 and fit["num_tasks_at_2"] == 2
+  # best-of-k picks one of k candidates: it lies between the worst and best of them on average.
+  assert 0.0 <= fit["best_of_2"] <= fit["pass_at_2"] + 1e-9
+  assert os.path.exists(os.path.join(config.workdir, "value", "report.json"))
+
+
+@pytest.mark.slow
+def test_checkpoint_evaluation_reproduces_the_final_evaluation(mini_run, value_run,
+                                                               coin_dataset, tmp_path):
+  """swe_eval --config.checkpoint=<run> samples the same tokens as the run's final evaluation
+  (same weights, same seeds, one request at a time); outcomes differ only by the coin. With a
+  value model it also reports best-of-k."""
+  result, run_config, _, _ = mini_run
+  _, value_config = value_run
   report = result["eval"]["train"]
   assert report["instances"] == 2 and report["attempts"] == 4 and report["k"] == 2
   assert 0.0 <= report["pass@1"] <= report["pass@2"] <= 1.0
   config = conftest.mini_config(swe_eval_experiment, tmp_path, coin_dataset)
   config.checkpoint = run_config.workdir
+  config.eval.value_checkpoint = value_config.workdir
+  config.value.init_from_policy = run_config.workdir
   again = swe.evaluate(config)
   assert set(again) == {"train"} and again["train"]["attempts"] == 4
+  assert 0.0 <= again["train"]["best_of_2"] <= 1.0 and "value/auc" in again["train"]
 
   def first_outputs(workdir, experiment):
     with data.TrajectoryStore(os.path.join(workdir, "store")) as store:
