@@ -8,11 +8,13 @@ Math as transformers' Qwen3MoeAttention / Qwen3_5MoeAttention:
   out = o Wo
 Masks are built once per call by the decoder (`causal_segment_mask`, `cache_mask`).
 """
+import functools
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from orchard_jax.models.cache import AttentionCache
 from orchard_jax.models.config import ModelConfig
@@ -66,6 +68,15 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
     [batch, q_len, heads, head_dim] in q's dtype. Rows with no visible key get a uniform
     average (finite), never NaN.
   """
+  return _attention_core(q, k, v, mask)
+
+
+# Keep only the attention probabilities for the backward pass (q, k, v and the mask are
+# inputs): the masked scores and the softmax's intermediates would triple the memory of the
+# largest activation.
+@functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.save_only_these_names(
+    "attention_probs"))
+def _attention_core(q, k, v, mask):
   b, t, h, d = q.shape
   kvh = k.shape[2]
   q = q.reshape(b, t, kvh, h // kvh, d)
@@ -73,8 +84,31 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
   scores = scores * (d ** -0.5)
   scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  probs = checkpoint_name(probs, "attention_probs")
   out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
   return out.reshape(b, t, h, d)
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
+                     block: int) -> jax.Array:
+  """Causal attention within segments, skipping key blocks that lie wholly in the future.
+
+  Queries are split into blocks of `block` rows; query block i reads keys [0, (i + 1) block)
+  only, so about half of the [seq, seq] score matrix is never computed (exact: the skipped
+  scores are all masked). Shapes as dot_product_attention; segment_ids [batch, seq].
+  """
+  seq = q.shape[1]
+  if seq <= block:
+    return dot_product_attention(q, k, v, causal_segment_mask(segment_ids))
+  outs = []
+  for start in range(0, seq, block):
+    end = min(seq, start + block)
+    rows, cols = jnp.arange(start, end), jnp.arange(end)
+    mask = ((cols[None, :] <= rows[:, None])[None]
+            & (segment_ids[:, start:end, None] == segment_ids[:, None, :end])
+            & (segment_ids[:, None, :end] != 0))
+    outs.append(dot_product_attention(q[:, start:end], k[:, :end], v[:, :end], mask))
+  return jnp.concatenate(outs, axis=1)
 
 
 class Attention(nnx.Module):
@@ -86,6 +120,7 @@ class Attention(nnx.Module):
     pdt = dtype_of(config.param_dtype)
     init = normal(config.initializer_range)
     self.dtype = dtype_of(config.dtype)
+    self.block = config.attention_block_size
     self.q_proj = param(rngs, init, (d, h, hd), ("embed", "q_heads", "head_dim"), pdt)
     self.k_proj = param(rngs, init, (d, kvh, hd), ("embed", "kv_heads", "head_dim"), pdt)
     self.v_proj = param(rngs, init, (d, kvh, hd), ("embed", "kv_heads", "head_dim"), pdt)
@@ -97,7 +132,8 @@ class Attention(nnx.Module):
     self.q_norm = RMSNorm(hd, **norm)
     self.k_norm = RMSNorm(hd, **norm)
 
-  def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, *,
+  def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array,
+               segment_ids: jax.Array, mask: Optional[jax.Array] = None, *,
                cache: Optional[AttentionCache] = None,
                write_slots: Optional[jax.Array] = None
                ) -> tuple[jax.Array, Optional[AttentionCache]]:
@@ -106,7 +142,8 @@ class Attention(nnx.Module):
     Args:
       x: [batch, seq, hidden] normalised hidden states.
       cos, sin: [batch, seq, rotary_dim // 2] RoPE tables of this call's positions.
-      mask: [batch, seq, seq] (no cache) or [batch, seq, max_len] (cache) bool.
+      segment_ids: [batch, seq]; without a cache, attention is causal within segments.
+      mask: [batch, seq, max_len] bool over cache slots (with a cache; see cache_mask).
       cache: this layer's keys/values, or None.
       write_slots: [batch, seq] cache slot per token (max_len = do not write); with a cache.
     Returns:
@@ -127,7 +164,10 @@ class Attention(nnx.Module):
       cv = cache.v.at[rows, write_slots].set(v.astype(cache.v.dtype), mode="drop")
       new_cache = AttentionCache(k=ck, v=cv)
       k, v = ck.astype(dt), cv.astype(dt)
-    o = dot_product_attention(q, k, v, mask)
+    if cache is None:
+      o = causal_attention(q, k, v, segment_ids, self.block)
+    else:
+      o = dot_product_attention(q, k, v, mask)
     if self.gate_proj is not None:
       gate = jnp.einsum("btd,dhk->bthk", x, self.gate_proj[...].astype(dt))
       o = o * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(dt)

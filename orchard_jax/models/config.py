@@ -15,6 +15,7 @@ ARCHITECTURES = ("qwen3", "qwen3_moe", "qwen3_5_moe")
 LAYER_TYPES = ("full_attention", "linear_attention")
 MOE_DISPATCH = ("sort", "ragged", "dense")
 EXPERT_LOOPS = ("auto", "einsum", "unrolled")
+MOE_GROUPS = ("auto", "row", "batch")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -64,16 +65,24 @@ class ModelConfig:
       on CPU and shardable over the expert axis), "ragged" (jax.lax.ragged_dot over tokens
       sorted by expert; for GPU/TPU, on CPU it lowers to a masked dense matmul), "dense"
       (every expert on every token, weighted; the test reference).
-    moe_capacity_factor: "sort" path buffer size per expert and batch row is
-      ceil(factor * seq * k / num_experts) tokens (at most seq). None means seq (never drops).
-    moe_dropless: with a capacity factor, fall back (lax.cond) to a full-capacity buffer when
-      any expert overflows, so no token is ever dropped; False drops overflowing assignments
-      (Switch Transformer behaviour).
+    moe_capacity_factor: None (default): the "sort" path is dropless, with per-expert
+      blocks of moe_block_size rows (or capacity n under a multi-device mesh). A float:
+      buffer size per expert and dispatch group of n tokens is ceil(factor * n * k /
+      num_experts) (at most n).
+    moe_dropless: with a capacity factor, switch at run time to twice the capacity or to n
+      when an expert overflows, so no token is ever dropped; False drops overflowing
+      assignments (Switch Transformer behaviour).
+    moe_group: dispatch groups of the "sort" path: "row" (each batch row), "batch" (the
+      whole batch: smaller relative load spread, so less capacity padding), "auto" (rows
+      under a multi-device mesh, else the batch).
+    moe_block_size: rows per block of the dropless blocked layout.
     moe_expert_loop: how the "sort" path multiplies buffers by expert weights: "einsum" (one
       batched matmul; use under expert parallelism and on accelerators), "unrolled" (one 2-D
       matmul per expert; faster on XLA:CPU), "auto" (unrolled on a CPU without an expert
       mesh axis, einsum otherwise).
     gdn_chunk_size: chunk length of the chunked Gated DeltaNet used for multi-token calls.
+    attention_block_size: query block length of full-sequence causal attention; key blocks
+      wholly in a query block's future are skipped.
     dtype: activation / matmul dtype. param_dtype: storage dtype of parameters. Norms, softmax,
       router and the DeltaNet recurrence always run in float32.
     remat: rematerialise each decoder layer in the backward pass (saves activation memory at
@@ -109,10 +118,13 @@ class ModelConfig:
   router_aux_loss_coef: float = 0.001
   # computation
   moe_dispatch: str = "sort"
-  moe_capacity_factor: Optional[float] = 1.25
+  moe_capacity_factor: Optional[float] = None
   moe_dropless: bool = True
+  moe_group: str = "auto"
+  moe_block_size: int = 256
   moe_expert_loop: str = "auto"
   gdn_chunk_size: int = 64
+  attention_block_size: int = 256
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False
@@ -161,6 +173,7 @@ class ModelConfig:
       need(self.linear_conv_kernel_dim >= 1, "linear_conv_kernel_dim >= 1",
            self.linear_conv_kernel_dim)
       need(self.gdn_chunk_size >= 1, "gdn_chunk_size >= 1", self.gdn_chunk_size)
+    need(self.attention_block_size >= 1, "attention_block_size >= 1", self.attention_block_size)
     need(0 < self.partial_rotary_factor <= 1, "0 < partial_rotary_factor <= 1",
          self.partial_rotary_factor)
     need(self.rotary_dim % 2 == 0, "an even rotary dimension (head_dim * partial_rotary_factor)",
@@ -170,6 +183,8 @@ class ModelConfig:
     need(self.decoder_sparse_step >= 1, "decoder_sparse_step >= 1", self.decoder_sparse_step)
     need(self.moe_dispatch in MOE_DISPATCH, f"moe_dispatch in {MOE_DISPATCH}",
          repr(self.moe_dispatch))
+    need(self.moe_block_size >= 1, "moe_block_size >= 1", self.moe_block_size)
+    need(self.moe_group in MOE_GROUPS, f"moe_group in {MOE_GROUPS}", repr(self.moe_group))
     need(self.moe_expert_loop in EXPERT_LOOPS, f"moe_expert_loop in {EXPERT_LOOPS}",
          repr(self.moe_expert_loop))
     need(self.moe_capacity_factor is None or self.moe_capacity_factor > 0,

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orchard_jax.models.attention import Attention, cache_mask, cache_slots, causal_segment_mask
+from orchard_jax.models.attention import Attention, cache_mask, cache_slots
 from orchard_jax.models.cache import AttentionCache, DecodeCache, DeltaNetCache
 from orchard_jax.models.config import ModelConfig
 from orchard_jax.models.errors import ModelError
@@ -51,7 +51,8 @@ class DecoderLayer(nnx.Module):
     if self.linear_attn is not None:
       mixed, cache = self.linear_attn(x, ctx["segment_ids"], cache=cache)
     else:
-      mixed, cache = self.self_attn(x, ctx["cos"], ctx["sin"], ctx["mask"], cache=cache,
+      mixed, cache = self.self_attn(x, ctx["cos"], ctx["sin"], ctx["segment_ids"],
+                                    ctx.get("mask"), cache=cache,
                                     write_slots=ctx.get("write_slots"))
     h = h + mixed.astype(h.dtype)
     x = self.post_attention_layernorm(h)
@@ -99,9 +100,7 @@ class Decoder(nnx.Module):
     h = constrain(h, ("batch", "seq", "act_embed"))
     cos, sin = rope_tables(positions, cfg.rotary_dim, cfg.rope_theta)
     ctx: dict[str, Any] = {"cos": cos, "sin": sin, "segment_ids": segment_ids}
-    if cache is None:
-      ctx["mask"] = causal_segment_mask(segment_ids)
-    else:
+    if cache is not None:
       max_len = cache.max_len
       write_slots, query_slots = cache_slots(cache.lengths, segment_ids, max_len)
       ctx["mask"] = cache_mask(query_slots, max_len)

@@ -8,14 +8,22 @@ renormalise them to sum 1 when norm_topk_prob (always for Qwen3.5). Output for t
 Dispatch paths (ModelConfig.moe_dispatch), all computing that same y:
   "dense"  every expert on every token, weighted by the (mostly zero) combine matrix. Costs
            num_experts / k times the useful work; the reference for tests.
-  "sort"   per batch row, sort the (token, expert) assignments by expert and gather them into
-           a [batch, experts, capacity, hidden] buffer (GShard / Switch Transformer style
-           dispatch), run each expert on its buffer, gather results back. Capacity per row and
-           expert is ceil(capacity_factor * seq * k / experts) rounded up to a multiple of 8
-           and at most seq (one token can send at most one assignment to an expert, so
-           capacity seq never drops). With moe_dropless a lax.cond falls back to capacity seq
-           whenever an expert overflows, so results never depend on the batch. Shards over
-           the "expert" mesh axis (the buffer's expert dimension follows the weights).
+  "sort"   sort the (token, expert) assignments by expert, then either
+           - (moe_capacity_factor None, the default, without a multi-device mesh) pad each
+             expert's rows to a multiple of moe_block_size and run one 2-D SwiGLU per block in
+             a lax.scan (blocked_dispatch: dropless, padding bounded by experts * block rows
+             whatever the routing imbalance; the fast exact path on CPU), or
+           - (a capacity factor, or under a multi-device mesh) gather per dispatch group into
+             a [groups, experts, capacity, hidden] buffer (GShard / Switch Transformer
+             dispatch), run each expert on its buffer, gather back. Capacity per group of n
+             tokens is ceil(capacity_factor * n * k / experts), rounded up to a multiple of 8,
+             at most n (one token sends at most one assignment to an expert, so capacity n
+             never drops; it is what a multi-device mesh uses without a factor). With
+             moe_dropless a lax.switch picks at run time the smallest of (capacity, twice it,
+             n) that holds the fullest expert, so results never depend on the batch. Groups
+             are batch rows under a multi-device mesh (the sort stays local to a data shard),
+             else the whole batch (ModelConfig.moe_group). The buffer's expert dimension
+             follows the weights' "expert" mesh axis (expert parallelism).
   "ragged" sort all assignments of the batch by expert and run jax.lax.ragged_dot with the
            group sizes (dropless, no padding). The fast path on GPU/TPU; on CPU ragged_dot
            lowers to a masked dense matmul (num_experts times the work), so it is not the
@@ -27,6 +35,7 @@ load_balancing_loss_func): for one layer with N non-padding tokens,
   loss = num_experts * sum_e f_e P_e
 (equal to k for perfectly uniform routing). The decoder averages it over MoE layers.
 """
+import functools
 import math
 from typing import Optional
 
@@ -150,6 +159,57 @@ def sort_dispatch(x: jax.Array, weights: jax.Array, indices: jax.Array, valid: j
   return jnp.einsum("bskd,bsk->bsd", y, w), dropped
 
 
+def blocked_dispatch(x: jax.Array, weights: jax.Array, indices: jax.Array, valid: jax.Array,
+                     w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, *,
+                     block: int) -> jax.Array:
+  """Dropless block-sparse dispatch (the MegaBlocks layout, Gale et al. 2022, on a scan).
+
+  All assignments of the batch are sorted by expert; each expert's rows are padded to a
+  multiple of `block`, so every block of `block` rows belongs to one expert. A lax.scan runs
+  one [block, hidden] x [hidden, mlp] SwiGLU per block with that expert's weights (2-D
+  matmuls, fast on XLA:CPU). Padding is at most experts * block rows whatever the routing
+  imbalance, and no assignment is ever dropped. Shapes as sort_dispatch.
+  """
+  b, s, d = x.shape
+  k = indices.shape[-1]
+  e = w_gate.shape[0]
+  n = b * s * k
+  flat = jnp.where(valid[:, :, None], indices, e).reshape(n)
+  order = jnp.argsort(flat, stable=True)
+  counts = jnp.sum(jax.nn.one_hot(flat, e + 1, dtype=jnp.int32), axis=0)[:e]
+  starts = jnp.cumsum(counts) - counts
+  padded = (counts + block - 1) // block * block
+  padded_end = jnp.cumsum(padded)
+  padded_start = padded_end - padded
+  num_blocks = -(-n // block) + e
+  rows = jnp.arange(num_blocks * block)
+  row_expert = jnp.minimum(jnp.searchsorted(padded_end, rows, side="right"), e - 1)
+  offset = rows - padded_start[row_expert]
+  filled = (offset < counts[row_expert]) & (rows < padded_end[-1])
+  sorted_pos = jnp.clip(starts[row_expert] + offset, 0, n - 1)
+  token = jnp.take(order, sorted_pos) // k
+  buf = jnp.take(x.reshape(b * s, d), token, axis=0) * filled[:, None].astype(x.dtype)
+  block_expert = row_expert[::block]
+
+  # Save only the matmul outputs for the backward pass: without the policy the scan would
+  # keep every block's [hidden, mlp] weight slices (3 x blocks x hidden x mlp floats).
+  @functools.partial(jax.checkpoint,
+                     policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+  def step(carry, inputs):
+    xb, ex = inputs
+    return carry, _swiglu(xb, w_gate[ex], w_up[ex], w_down[ex])
+
+  _, out = jax.lax.scan(step, None, (buf.reshape(num_blocks, block, d), block_expert))
+  out = out.reshape(num_blocks * block, d)
+  # Assignment i (original order) sits at sorted position inverse[i], padded row dest.
+  inverse = jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
+  expert_of = jnp.where(valid[:, :, None], indices, 0).reshape(n)
+  dest = padded_start[expert_of] + inverse - starts[expert_of]
+  y = jnp.take(out, jnp.clip(dest, 0, num_blocks * block - 1), axis=0).reshape(b, s, k, d)
+  w = jnp.where(valid[:, :, None], weights, 0.0).astype(y.dtype)
+  return jnp.einsum("bskd,bsk->bsd", y, w)
+
+
 def ragged_dispatch(x: jax.Array, weights: jax.Array, indices: jax.Array, valid: jax.Array,
                     w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
   """Dropless dispatch with jax.lax.ragged_dot over all assignments of the batch, sorted by
@@ -245,24 +305,43 @@ class MoE(nnx.Module):
 
   def _sort(self, x, weights, indices, valid, wg, wu, wd):
     cfg = self.config
-    s = x.shape[1]
+    b, s, d = x.shape
     k, e = cfg.num_experts_per_tok, cfg.num_experts
     unrolled = _use_unrolled(cfg.moe_expert_loop, e)
-    cap = capacity(s, k, e, cfg.moe_capacity_factor)
+    mesh = jax.sharding.get_abstract_mesh()
+    multi_device = not mesh.empty and mesh.size > 1
+    per_row = cfg.moe_group == "row" or (cfg.moe_group == "auto" and multi_device)
+    groups = b if per_row else 1
+    n = b * s // groups                                  # tokens per dispatch group
+    x, weights, indices, valid = (x.reshape(groups, n, d), weights.reshape(groups, n, k),
+                                  indices.reshape(groups, n, k), valid.reshape(groups, n))
+    # (blocked_dispatch flattens its groups: with one group the reshape is free)
+    if cfg.moe_capacity_factor is None and not multi_device:
+      return blocked_dispatch(x, weights, indices, valid, wg, wu, wd,
+                              block=cfg.moe_block_size).reshape(b, s, d)
+    cap = capacity(n, k, e, cfg.moe_capacity_factor)
 
     def run(c):
-      return sort_dispatch(x, weights, indices, valid, wg, wu, wd, cap=c, unrolled=unrolled)
+      y, _ = sort_dispatch(x, weights, indices, valid, wg, wu, wd, cap=c, unrolled=unrolled)
+      return y.reshape(b, s, d)
 
-    if cap >= s or not cfg.moe_dropless:
-      return run(cap)[0]
-    # Dropless: count first (cheap), and only if some expert overflows use capacity = seq.
+    if cap >= n or not cfg.moe_dropless:
+      return run(cap)
+    # Dropless: count first (cheap), then run the smallest capacity that holds the fullest
+    # expert: cap, 2 cap, or n (which always suffices).
+    levels = sorted({cap, capacity(n, k, e, 2 * cfg.moe_capacity_factor), n})
     _, counts, _, _ = _sort_plan(indices, valid, e)
-    overflow = jnp.any(counts > cap)
-    if not jax.sharding.get_abstract_mesh().empty:
+    level = jnp.sum(jnp.asarray(levels[:-1]) < jnp.max(counts)).astype(jnp.int32)
+    if multi_device:
       # Every device must take the same branch (the branches hold collectives): make the
-      # predicate an explicitly replicated global reduction.
-      overflow = jax.lax.with_sharding_constraint(overflow, jax.sharding.PartitionSpec())
-    return jax.lax.cond(overflow, lambda: run(s)[0], lambda: run(cap)[0])
+      # index an explicitly replicated global reduction.
+      level = jax.lax.with_sharding_constraint(level, jax.sharding.PartitionSpec())
+    # Larger levels are rematerialised: lax.switch keeps the residuals of every branch for
+    # the backward pass, and theirs would cost up to num_experts / k times the activations
+    # of the common case.
+    branches = [lambda c=c: run(c) for c in levels[:1]] + [
+        jax.checkpoint(lambda c=c: run(c)) for c in levels[1:]]
+    return jax.lax.switch(level, branches)
 
 
 def load_balancing_loss(counts: jax.Array, prob_sum: jax.Array, tokens: jax.Array) -> jax.Array:

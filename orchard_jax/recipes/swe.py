@@ -495,7 +495,6 @@ def rl(config: ConfigDict) -> dict:
   """
   import time as _time
   import jax
-  import numpy as np
   from orchard_jax import rl as rl_lib
   from orchard_jax import train
   from orchard_jax.recipes import swe_judge, swe_policy, swe_rl, swe_rollouts

@@ -110,8 +110,9 @@ def format_report(report: dict[str, Any]) -> str:
     k = r["k"]
     extra = ""
     if f"best_of_{k}" in r:
+      nan = float("nan")
       extra = (f"  best-of-{k} {r[f'best_of_{k}']:.3f}  value AUC "
-               f"{r.get('value/auc', float('nan')):.3f}  ECE {r.get('value/ece', float('nan')):.3f}")
+               f"{r.get('value/auc', nan):.3f}  ECE {r.get('value/ece', nan):.3f}")
     lines.append(f"eval[{split}] {r['instances']} instances x {k}: resolved {r['resolved']}/"
                  f"{r['attempts']}  pass@1 {r['pass@1']:.3f}  pass@{k} {r[f'pass@{k}']:.3f}  "
                  f"random@{k} {r[f'random@{k}']:.3f}{extra}  aborted {r['aborted']}")

@@ -26,14 +26,16 @@ from orchard_jax.harness.bash_agent import parse_action
 from orchard_jax.harness.prompts import SUBMIT_SENTINEL
 
 _RETURNCODE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
-_TEST_RUN = re.compile(r"\b(pytest|py\.test|unittest|nosetests|tox)\b|python[0-9.]*\s+\S*test\S*\.py")
+_TEST_RUN = re.compile(r"\b(pytest|py\.test|unittest|nosetests|tox)\b"
+                       r"|python[0-9.]*\s+\S*test\S*\.py")
 _FAILED_OUTPUT = re.compile(r"\b(\d+ failed|\d+ errors?\b|FAILED|FAILURES|Traceback \(most recent "
                             r"call last\)|AssertionError|Error:)", re.IGNORECASE)
 _PASSED_OUTPUT = re.compile(r"\b\d+ passed\b|\bOK\b")
 _REVERT = re.compile(r"\bgit\s+(checkout\s+--|checkout\s+\S+\s+--|restore|stash|reset\s+--hard)")
-_SHELL_WRITE = re.compile(r"(?:>>?\s*|tee\s+(?:-a\s+)?)([\w./-]+\.py)\b|sed\s+-i[^|;&\n]*?\s([\w./-]+\.py)\b")
-_PYTHON_WRITE = re.compile(r"Path\(\s*['\"]([\w./-]+\.py)['\"]\s*\)|open\(\s*['\"]([\w./-]+\.py)['\"]\s*,"
-                           r"\s*['\"][wa]")
+_SHELL_WRITE = re.compile(r"(?:>>?\s*|tee\s+(?:-a\s+)?)([\w./-]+\.py)\b"
+                          r"|sed\s+-i[^|;&\n]*?\s([\w./-]+\.py)\b")
+_PYTHON_WRITE = re.compile(r"Path\(\s*['\"]([\w./-]+\.py)['\"]\s*\)"
+                           r"|open\(\s*['\"]([\w./-]+\.py)['\"]\s*,\s*['\"][wa]")
 _APPLIES_PATCH = re.compile(r"\bpatch\s+-p|\bpatch\s+<|\bgit\s+apply\b")
 _HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 _CLAIM_FIXED = re.compile(r"\b(fixed|resolved|works now|now passes|tests? pass(?:es)?|all "

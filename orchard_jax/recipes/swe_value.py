@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import zlib
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -276,7 +276,8 @@ def format_value_report(report: dict[str, Any]) -> str:
       for key in sorted(r):
         if key.startswith("best_of_"):
           k = key.split("_")[-1]
-          parts.append(f"best-of-{k} {r[key]:.3f} pass@{k} {r.get(f'pass_at_{k}', float('nan')):.3f}"
-                       f" random@{k} {r.get(f'random_at_{k}', float('nan')):.3f}")
+          nan = float("nan")
+          parts.append(f"best-of-{k} {r[key]:.3f} pass@{k} {r.get(f'pass_at_{k}', nan):.3f}"
+                       f" random@{k} {r.get(f'random_at_{k}', nan):.3f}")
       lines.append(f"value[{name}] " + "  ".join(parts))
   return "\n".join(lines)

@@ -51,10 +51,17 @@ def test_every_dispatch_path_matches_dense_forward_and_gradients(arch):
   _, counts, _, _ = moe._sort_plan(indices, valid, base.num_experts)
   assert int(counts.max()) > moe.capacity(S, base.num_experts_per_tok, base.num_experts, 0.5)
   variants = [dict(moe_dispatch="ragged"),
-              dict(moe_dispatch="sort", moe_capacity_factor=None, moe_expert_loop="einsum"),
-              dict(moe_dispatch="sort", moe_capacity_factor=None, moe_expert_loop="unrolled"),
+              # dropless blocked layout (the CPU default), blocks smaller than expert groups
+              dict(moe_dispatch="sort", moe_capacity_factor=None, moe_block_size=8),
+              # capacity = n: buffers that can never overflow, both expert loops
+              dict(moe_dispatch="sort", moe_capacity_factor=100.0, moe_expert_loop="einsum"),
+              dict(moe_dispatch="sort", moe_capacity_factor=100.0, moe_expert_loop="unrolled"),
               # capacity too small for some expert: the dropless fallback must take over
-              dict(moe_dispatch="sort", moe_capacity_factor=0.5, moe_expert_loop="unrolled")]
+              dict(moe_dispatch="sort", moe_capacity_factor=0.5, moe_expert_loop="unrolled",
+                   moe_group="row"),
+              # whole-batch groups: mean load 30 > capacity 16, so a larger level runs
+              dict(moe_dispatch="sort", moe_capacity_factor=0.5, moe_expert_loop="einsum",
+                   moe_group="batch")]
   for variant in variants:
     other = _with(block, dataclasses.replace(base, **variant))
     loss, (gb, gx) = _loss_and_grads(other, x, valid)
@@ -68,7 +75,7 @@ def test_capacity_drops_exactly_the_assignments_past_capacity():
   """moe_dropless=False: per row, assignments sorted by expert (stable, by token then slot)
   keep the first `cap` of each expert; the rest contribute nothing. Re-derived in NumPy."""
   config = tiny_config("qwen3_moe", moe_dispatch="sort", moe_capacity_factor=0.5,
-                       moe_dropless=False, moe_expert_loop="einsum")
+                       moe_dropless=False, moe_expert_loop="einsum", moe_group="row")
   block = _block(config)
   x, valid = _inputs(1)
   y, _ = nnx.jit(lambda b, x: b(x, valid))(block, x)
