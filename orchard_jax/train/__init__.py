@@ -9,7 +9,8 @@ Public API:
     fit(batch_for_step, eval_fn=), train_step(batch, extra_meta=), evaluate(batches),
     token_logprobs(batch, params=None), save(), model(), step, state, meta, restored_step
   Checkpointer(directory, *, save_every, keep, async_save), abstract_like, restore_params
-  MetricsWriter(directory, *, tensorboard, start_step), read_metrics(directory), ProgressBar
+  MetricsWriter(directory, *, tensorboard, start_step, enabled), read_metrics(directory),
+  ProgressBar (both write on process 0 only)
   ModelParts, build_train_step, build_eval_step, build_logprob_step, state_shardings,
   init_train_state
   TrainError, CheckpointMismatch

@@ -8,6 +8,10 @@ Layout under the run's directory:
                      purges events after the resume step, so curves do not double back.
 Scalars go to both; arrays (e.g. expert load [layers, experts]) go to JSONL as nested lists and
 to TensorBoard as one scalar per row's max/min plus a histogram.
+
+In a multi-host run every process runs the same training loop, but only process 0
+(`jax.process_index() == 0`) writes these files and draws the progress bar; the others would
+append the same records to the same shared files and print every bar once per host.
 """
 import json
 import math
@@ -18,6 +22,13 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from orchard_jax.train.errors import TrainError
+
+
+def is_main_process() -> bool:
+  """True on the process that writes metrics and progress: jax.process_index() == 0 (always
+  true in a single-process run)."""
+  import jax
+  return jax.process_index() == 0
 
 
 def _to_python(value: Any):
@@ -37,17 +48,25 @@ class MetricsWriter:
     start_step: the number of steps already done when training resumes (0 for a fresh run);
       records are logged at the step count after each update (1, 2, ...), so TensorBoard events
       after start_step are purged and the JSONL gets a resume marker.
+    enabled: write anything at all; None (default) means "on process 0 only"
+      (`is_main_process()`). A disabled writer opens no file and its methods do nothing.
   """
 
-  def __init__(self, directory: str, *, tensorboard: bool = True, start_step: int = 0):
-    os.makedirs(directory, exist_ok=True)
+  def __init__(self, directory: str, *, tensorboard: bool = True, start_step: int = 0,
+               enabled: Optional[bool] = None):
     self.directory = directory
     self.jsonl_path = os.path.join(directory, "metrics.jsonl")
+    self.enabled = is_main_process() if enabled is None else bool(enabled)
+    self._closed = False
+    self._jsonl = None
+    self._tb = None
+    if not self.enabled:
+      return
+    os.makedirs(directory, exist_ok=True)
     self._jsonl = open(self.jsonl_path, "a", buffering=1)
     if start_step > 0:
       self._jsonl.write(json.dumps({"event": "resume", "step": start_step, "time": time.time()})
                         + "\n")
-    self._tb = None
     if tensorboard:
       from tensorboardX import SummaryWriter
       self._tb = SummaryWriter(os.path.join(directory, "tensorboard"),
@@ -57,9 +76,15 @@ class MetricsWriter:
                                filename_suffix=f".{os.getpid()}.{start_step}.{time.time_ns()}")
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
-    """Records `metrics` for `step` (values: Python or NumPy/JAX scalars or arrays)."""
-    if self._jsonl is None:
+    """Records `metrics` for `step` (values: Python or NumPy/JAX scalars or arrays).
+
+    Raises:
+      TrainError: the writer is closed.
+    """
+    if self._closed:
       raise TrainError("MetricsWriter is closed")
+    if not self.enabled:
+      return
     record = {"step": int(step), "time": time.time()}
     record.update({name: _to_python(value) for name, value in metrics.items()})
     self._jsonl.write(json.dumps(record) + "\n")
@@ -77,16 +102,20 @@ class MetricsWriter:
 
   def write_text(self, step: int, name: str, text: str) -> None:
     """A free-form note (e.g. the config) in TensorBoard's text tab and the JSONL."""
+    if self._jsonl is None:
+      return
     self._jsonl.write(json.dumps({"step": int(step), "event": name, "text": text}) + "\n")
     if self._tb is not None:
       self._tb.add_text(name, text, step)
 
   def flush(self) -> None:
-    self._jsonl.flush()
+    if self._jsonl is not None:
+      self._jsonl.flush()
     if self._tb is not None:
       self._tb.flush()
 
   def close(self) -> None:
+    self._closed = True
     if self._jsonl is not None:
       self._jsonl.close()
       self._jsonl = None
@@ -124,13 +153,20 @@ def read_metrics(directory: str) -> list[dict]:
 
 
 class ProgressBar:
-  """A tqdm bar over training steps showing the latest loss, learning rate and tokens/s."""
+  """A tqdm bar over training steps showing the latest loss, learning rate and tokens/s.
+
+  Args:
+    total_steps, start_step: the bar's length and where it starts (a resumed run).
+    description: the bar's label.
+    enabled: False hides the bar; otherwise it is drawn on process 0 only (`is_main_process()`).
+  """
 
   def __init__(self, total_steps: int, start_step: int = 0, *, description: str = "train",
                enabled: Optional[bool] = None):
     from tqdm.auto import tqdm
+    self.enabled = enabled is not False and is_main_process()
     self._bar = tqdm(total=total_steps, initial=start_step, desc=description, unit="step",
-                     dynamic_ncols=True, disable=enabled is False, mininterval=0.5)
+                     dynamic_ncols=True, disable=not self.enabled, mininterval=0.5)
 
   def update(self, metrics: Mapping[str, Any], steps: int = 1) -> None:
     shown = {}

@@ -54,3 +54,34 @@ def test_torn_last_line_is_skipped(tmp_path):
     f.write('{"step": 2, "loss": ')
   assert [r["step"] for r in train.read_metrics(str(tmp_path))] == [1]
   assert not glob.glob(str(tmp_path / "tensorboard" / "*"))
+
+
+def test_only_process_zero_writes_metrics_and_progress(tmp_path, monkeypatch, capsys):
+  """A multi-host run, simulated: jax.process_index is monkeypatched to return 1 (this test
+  runs in one process, so there is no real second host). Process 1 must not open, create or
+  append to the shared run folder's files, nor draw a progress bar; process 0 still does."""
+  import jax
+  shared = tmp_path / "run"
+  monkeypatch.setattr(jax, "process_index", lambda *args, **kwargs: 1)
+  with train.MetricsWriter(str(shared), start_step=2) as writer:
+    assert not writer.enabled
+    writer.write(3, {"loss": 1.0})
+    writer.write_text(3, "config", "lr: 1e-3")
+    writer.flush()
+  assert not shared.exists()
+  bar = train.ProgressBar(10, description="host1", enabled=True)
+  bar.update({"loss": 1.0})
+  bar.close()
+  assert "host1" not in capsys.readouterr().err
+  with pytest.raises(train.TrainError, match="closed"):
+    writer.write(4, {"loss": 1.0})       # closing still means closed on every process
+
+  monkeypatch.setattr(jax, "process_index", lambda *args, **kwargs: 0)
+  with train.MetricsWriter(str(shared), tensorboard=False) as writer:
+    assert writer.enabled
+    writer.write(1, {"loss": 2.0})
+  assert [(r["step"], r["loss"]) for r in train.read_metrics(str(shared))] == [(1, 2.0)]
+  bar = train.ProgressBar(10, description="host0", enabled=True)
+  bar.update({"loss": 1.0})
+  bar.close()
+  assert "host0" in capsys.readouterr().err
