@@ -10,7 +10,9 @@ A batch is a dict of numpy arrays, all [batch_size, seq_len]:
   input_ids int32, positions int32 (0, 1, ... restarting at every segment), segment_ids int32
   (1..k in each row, 0 = padding), loss_weights float32, old_logprobs float32, advantages
   float32; and, when any sequence carries them, teacher_logprobs + teacher_mask float32 (OPD)
-  and ref_logprobs float32 (KL). Per-token values keep the alignment of the sequences: the
+  and ref_logprobs float32 (KL); with `value_labels` given, value_labels float32 (each
+  sequence's label, e.g. its trajectory's resolved outcome, on all of its tokens; 0 on padding:
+  what `train.ValueLoss` reads). Per-token values keep the alignment of the sequences: the
   value at [b, t] describes predicting input_ids[b, t].
 """
 from __future__ import annotations
@@ -91,7 +93,8 @@ class PackedData:
 def pack_sequences(sequences: Sequence[TrainingSequence], *, batch_size: int, seq_len: int,
                    data_parallel_size: int = 1, overflow: str = "truncate", seed: int = 0,
                    shuffle: bool = True, num_batches: int | None = None,
-                   num_batches_multiple_of: int = 1, pad_id: int = 0) -> PackedData:
+                   num_batches_multiple_of: int = 1, pad_id: int = 0,
+                   value_labels: Sequence[float] | None = None) -> PackedData:
   """Pack sequences into fixed-shape batches by first-fit decreasing.
 
   Deterministic: the same sequences, arguments and seed give the same batches. Ties in length
@@ -114,6 +117,10 @@ def pack_sequences(sequences: Sequence[TrainingSequence], *, batch_size: int, se
     num_batches_multiple_of: round the number of batches up to a multiple of this (gradient
       accumulation steps, hosts); ignored when num_batches is given.
     pad_id: input id of padding positions.
+    value_labels: one float per sequence (the value model's target: 1.0 resolved, 0.0 not);
+      when given, every batch carries `value_labels` [batch_size, seq_len] with each
+      sequence's label on its tokens (a scalar per segment, as ALGORITHMS.md section 6 trains
+      at the final token or every prefix of a trajectory) and 0 on padding.
   Returns:
     `PackedData` (batches, placements, stats). With no data and num_batches None, zero batches.
   Raises:
@@ -131,6 +138,14 @@ def pack_sequences(sequences: Sequence[TrainingSequence], *, batch_size: int, se
   if num_batches_multiple_of <= 0:
     raise PackingError(f"num_batches_multiple_of must be >= 1, got {num_batches_multiple_of}")
   optional = _optional_keys(sequences)
+  if value_labels is not None:
+    value_labels = np.asarray(value_labels, np.float32)
+    if value_labels.shape != (len(sequences),):
+      raise PackingError(f"value_labels needs one label per sequence ({len(sequences)}), got "
+                         f"shape {value_labels.shape}")
+    if not np.all(np.isfinite(value_labels)):
+      raise PackingError("value_labels holds NaN or infinity; labels are resolved outcomes "
+                         "(1.0 or 0.0) or probabilities")
 
   kept, lengths = [], []
   truncated = dropped_long = dropped_empty = lost_loss = 0
@@ -173,7 +188,8 @@ def pack_sequences(sequences: Sequence[TrainingSequence], *, batch_size: int, se
   arrays = {"input_ids": np.full(shape, pad_id, np.int32),
             "positions": np.zeros(shape, np.int32),
             "segment_ids": np.zeros(shape, np.int32)}
-  for key in REQUIRED_KEYS[3:] + optional:
+  for key in REQUIRED_KEYS[3:] + optional + (("value_labels",) if value_labels is not None
+                                              else ()):
     arrays[key] = np.zeros(shape, np.float32)
   slot = np.empty(num_rows, np.int64)
   slot[row_order] = np.arange(num_rows)  # final row index of each first-fit row
@@ -195,6 +211,8 @@ def pack_sequences(sequences: Sequence[TrainingSequence], *, batch_size: int, se
       value = getattr(seq, key)
       if value is not None:
         arrays[key][out, span] = value[:n]
+    if value_labels is not None:
+      arrays["value_labels"][out, span] = value_labels[i]
     placements[i] = Placement(int(out) // batch_size, int(out) % batch_size, start, n)
 
   batches = [{key: value[b * batch_size:(b + 1) * batch_size] for key, value in arrays.items()}

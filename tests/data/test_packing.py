@@ -163,3 +163,53 @@ def test_ref_logprobs_on_some_sequences_only_is_an_error():
     pack_sequences([a, b], batch_size=1, seq_len=4)
   both = pack_sequences([a, a], batch_size=1, seq_len=4)
   np.testing.assert_array_equal(both.batches[0]["ref_logprobs"][0], [0, -1, 0, -1])
+
+
+def test_value_labels_follow_each_sequence_and_feed_the_value_loss():
+  """The value model's batches: each sequence's label on its tokens (0 on padding), exactly the
+  `value_labels` key train.ValueLoss reads; the value BCE on those batches equals a NumPy BCE
+  at each sequence's final token written here (ALGORITHMS.md section 6)."""
+  from orchard_jax import rl
+  from orchard_jax.train import ValueLoss
+  rng = np.random.default_rng(3)
+  seqs = _random_sequences(23, rng, max_len=40)
+  labels = (rng.random(len(seqs)) < 0.5).astype(np.float32)
+  packed = pack_sequences(seqs, batch_size=4, seq_len=64, data_parallel_size=2, seed=5,
+                          value_labels=labels)
+  assert all(set(ValueLoss.keys) <= set(batch) for batch in packed.batches)
+  found = _unpack(packed.batches)
+  assert sorted(int(f["input_ids"][0]) for f in found) == list(range(len(seqs)))
+  for f in found:
+    assert np.all(f["value_labels"] == labels[int(f["input_ids"][0])])
+  for batch in packed.batches:
+    assert batch["value_labels"].dtype == np.float32
+    assert not batch["value_labels"][batch["segment_ids"] == 0].any()
+  # Without labels, no value_labels key (policy batches keep their keys).
+  assert "value_labels" not in pack_sequences(seqs, batch_size=4, seq_len=64).batches[0]
+
+  bce, count = 0.0, 0
+  logits = [rng.normal(size=b["input_ids"].shape).astype(np.float32) for b in packed.batches]
+  for batch, x in zip(packed.batches, logits):
+    seg = batch["segment_ids"]
+    for r in range(seg.shape[0]):
+      for s in np.unique(seg[r][seg[r] > 0]):
+        last = np.flatnonzero(seg[r] == s)[-1]
+        y, p = batch["value_labels"][r, last], 1 / (1 + np.exp(-float(x[r, last])))
+        bce -= y * np.log(p) + (1 - y) * np.log(1 - p)
+        count += 1
+  assert count == len(seqs)
+  total = 0.0
+  for batch, x in zip(packed.batches, logits):
+    weights = rl.value_loss_weights(batch["segment_ids"])
+    loss, _ = rl.value_loss(x, batch["value_labels"], weights, batch["segment_ids"],
+                            normalizer=np.float32(count))
+    total += float(loss)
+  assert total == pytest.approx(bce / count, rel=1e-5)
+
+
+def test_value_labels_must_be_one_finite_label_per_sequence():
+  seqs = _random_sequences(3, np.random.default_rng(0))
+  with pytest.raises(PackingError, match="one label per sequence"):
+    pack_sequences(seqs, batch_size=2, seq_len=64, value_labels=[1.0, 0.0])
+  with pytest.raises(PackingError, match="NaN"):
+    pack_sequences(seqs, batch_size=2, seq_len=64, value_labels=[1.0, float("nan"), 0.0])
