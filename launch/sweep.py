@@ -4,11 +4,16 @@
 Each `--sweep` names a config field and its values; the grid is their Cartesian product (the
 first --sweep varies slowest). Fixed `--config.FIELD=VALUE` overrides apply to every point.
 Without `--render` the points run here one after another, each as its own
-`launch/run.py` process (so one point's failure or memory does not touch the next); the exit
-status is non-zero when any point failed. With `--render` nothing runs: one Kubernetes training
+`launch/run.py` process (so one point's failure or memory does not touch the next) with its own
+run folder: when the config has a `workdir` field, point i gets
+`--config.workdir=<base>-<field>=<value>,...` next to the base run folder (base: a fixed
+`--config.workdir=`, else the config's workdir, else `runs/<name>_<preset>` as the SWE recipes
+name it), so points never resume from or overwrite each other's checkpoints and stores. The
+exit status is non-zero when any point failed. With `--render` nothing runs: one Kubernetes training
 Job per point (launch/k8s/training.py, multi-host under jax.distributed) is printed as YAML
 for `kubectl apply -f -`, using the fleet config given by `--fleet` (default the cluster
-preset). Every field and value is checked against the experiment's config before anything
+preset); each Job's run folder is $ORCHARD_CHECKPOINT_DIR = <checkpoints volume>/<job name>,
+one per point. Every field and value is checked against the experiment's config before anything
 runs or renders.
 
   python launch/sweep.py --config experiments/swe_rpr.py --sweep rl.rpr_alpha=0.25,0.5 \\
@@ -129,14 +134,41 @@ def point_args(point: list[tuple[str, str]]) -> list[str]:
   return [f"--config.{field}={value}" for field, value in point]
 
 
-def run_locally(config_arg: str, fixed: list[str], points) -> int:
-  """Runs every point as `launch/run.py` one after another; returns how many failed."""
+def point_workdirs(config, points) -> list[str | None]:
+  """Each point's run folder (module docstring), or None for every point when the config has
+  no top-level `workdir` field or the sweep itself varies it.
+
+  Args:
+    config: the experiment config with the fixed overrides applied.
+    points: `grid(...)`.
+  """
+  if "workdir" not in config or any(f == "workdir" for point in points for f, _ in point):
+    return [None] * len(points)
+  base = config.workdir
+  if not base:
+    name = config.get("name") or "run"
+    base = os.path.join("runs", f"{name}_{config.preset}" if config.get("preset") else name)
+  base = base.rstrip("/")
+  out = []
+  for point in points:
+    slug = ",".join(f"{field}={value}" for field, value in point)
+    out.append(f"{base}-{re.sub(r'[^A-Za-z0-9._=,+-]', '_', slug)}")
+  return out
+
+
+def run_locally(config_arg: str, fixed: list[str], points, workdirs=None) -> int:
+  """Runs every point as `launch/run.py` one after another, point i in `workdirs[i]` (None:
+  the config's own); returns how many failed."""
   failed = []
-  for index, point in enumerate(points):
+  workdirs = workdirs or [None] * len(points)
+  for index, (point, workdir) in enumerate(zip(points, workdirs)):
+    where = [f"--config.workdir={workdir}"] if workdir else []
+    kept = [a for a in fixed if not (workdir and a.startswith("--config.workdir="))]
     args = [sys.executable, os.path.join(_HERE, "run.py"), "--config", config_arg,
-            *fixed, *point_args(point)]
+            *kept, *point_args(point), *where]
     label = " ".join(point_args(point))
-    print(f"[sweep] point {index + 1}/{len(points)}: {label}", flush=True)
+    print(f"[sweep] point {index + 1}/{len(points)}: {label}"
+          + (f" -> {workdir}" if workdir else ""), flush=True)
     code = subprocess.call(args)
     if code != 0:
       failed.append((index, label, code))
@@ -219,7 +251,7 @@ def main(argv):
       return 2
     sys.stdout.write(common.to_yaml(objects))
     return 0
-  return 1 if run_locally(config_arg, fixed, points) else 0
+  return 1 if run_locally(config_arg, fixed, points, point_workdirs(config, points)) else 0
 
 
 if __name__ == "__main__":

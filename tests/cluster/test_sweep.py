@@ -93,3 +93,30 @@ def test_render_refuses_an_experiment_file_the_image_does_not_have(tmp_path):
   result = _sweep("--config", str(outside), "--sweep", "rl.steps=1,2", "--render")
   assert result.returncode == 2
   assert "outside the repository" in result.stderr
+
+
+def test_local_points_run_with_their_overrides_in_separate_run_folders(tmp_path):
+  """The success path of a local sweep on the cheapest real job (swe_distill.import: a
+  mini-swe-agent folder into the trajectory store, no model): every point runs launch/run.py
+  with its own value, in its own run folder next to the base one."""
+  from orchard_jax import data
+  folder = tmp_path / "miniswe"
+  data.export_miniswe([data.Trajectory(
+      trajectory_id="t0", task_id="pkg__pkg-1", attempt=0, exit_status="Submitted",
+      messages=[{"role": "user", "content": "fix it"},
+                {"role": "assistant", "content": "done"}],
+      outcome={"resolved": True})], folder)
+  base = tmp_path / "runs" / "imported"
+  result = _sweep("--config", "experiments/swe_distill.py", "--config.job=swe_distill.import",
+                  f"--config.import_from={folder}", f"--config.workdir={base}",
+                  "--sweep", "import_experiment=first,second")
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "[sweep] 2/2 points succeeded" in result.stdout
+  for index, name in enumerate(("first", "second")):
+    workdir = f"{base}-import_experiment={name}"
+    assert (f"[sweep] point {index + 1}/2: --config.import_experiment={name} -> {workdir}"
+            in result.stdout)
+    with data.TrajectoryStore(os.path.join(workdir, "store")) as store:
+      assert [(t.trajectory_id, t.experiment) for t in store.trajectories()] == [("t0", name)]
+  assert not base.exists()     # the base folder itself is never written by a point
+
