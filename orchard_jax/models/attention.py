@@ -18,6 +18,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from orchard_jax.models.cache import AttentionCache
 from orchard_jax.models.config import ModelConfig
+from orchard_jax.models.decode import cached_attention, write_cache
 from orchard_jax.models.layers import RMSNorm, apply_rope, dtype_of, normal, param
 from orchard_jax.parallel.rules import constrain
 
@@ -158,16 +159,11 @@ class Attention(nnx.Module):
     k = apply_rope(self.k_norm(k), cos, sin)
     q = constrain(q, ("batch", "seq", "act_heads", "head_dim"))
     new_cache = None
-    if cache is not None:
-      rows = jnp.arange(x.shape[0])[:, None]
-      ck = cache.k.at[rows, write_slots].set(k.astype(cache.k.dtype), mode="drop")
-      cv = cache.v.at[rows, write_slots].set(v.astype(cache.v.dtype), mode="drop")
-      new_cache = AttentionCache(k=ck, v=cv)
-      k, v = ck.astype(dt), cv.astype(dt)
     if cache is None:
       o = causal_attention(q, k, v, segment_ids, self.block)
     else:
-      o = dot_product_attention(q, k, v, mask)
+      new_cache = write_cache(cache, k, v, write_slots)
+      o = cached_attention(q, new_cache.k, new_cache.v, mask)
     if self.gate_proj is not None:
       gate = jnp.einsum("btd,dhk->bthk", x, self.gate_proj[...].astype(dt))
       o = o * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(dt)

@@ -22,9 +22,12 @@ from flax import struct
 class AttentionCache:
   """Keys and values of one full-attention layer, RoPE already applied.
 
+  The layout puts the positions next to head_dim, so attention over the cache is a batched
+  matmul over (batch, kv head) without moving the cache (models.decode).
+
   Attributes:
-    k: [batch, max_len, num_key_value_heads, head_dim].
-    v: [batch, max_len, num_key_value_heads, head_dim].
+    k: [batch, num_key_value_heads, max_len, head_dim].
+    v: [batch, num_key_value_heads, max_len, head_dim].
   """
   k: jax.Array
   v: jax.Array
@@ -66,7 +69,7 @@ class DecodeCache:
     """Capacity of the attention caches in tokens (0 for a model without attention)."""
     for layer in self.layers:
       if isinstance(layer, AttentionCache):
-        return layer.k.shape[1]
+        return layer.k.shape[2]
     return 0
 
   def reset_rows(self, rows: jax.Array) -> "DecodeCache":

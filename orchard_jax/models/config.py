@@ -13,7 +13,7 @@ from orchard_jax.models.errors import ConfigError
 
 ARCHITECTURES = ("qwen3", "qwen3_moe", "qwen3_5_moe")
 LAYER_TYPES = ("full_attention", "linear_attention")
-MOE_DISPATCH = ("sort", "ragged", "dense")
+MOE_DISPATCH = ("sort", "ragged", "dense", "decode")
 EXPERT_LOOPS = ("auto", "einsum", "unrolled")
 MOE_GROUPS = ("auto", "row", "batch")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -64,7 +64,8 @@ class ModelConfig:
     moe_dispatch: "sort" (sort-and-group into per-expert capacity buffers; the default, fast
       on CPU and shardable over the expert axis), "ragged" (jax.lax.ragged_dot over tokens
       sorted by expert; for GPU/TPU, on CPU it lowers to a masked dense matmul), "dense"
-      (every expert on every token, weighted; the test reference).
+      (every expert on every token, weighted; the test reference), "decode" (for a few
+      tokens per call, what the inference engine uses for decode steps; models.decode).
     moe_capacity_factor: None (default): the "sort" path is dropless, with per-expert
       blocks of moe_block_size rows (or capacity n under a multi-device mesh). A float:
       buffer size per expert and dispatch group of n tokens is ceil(factor * n * k /

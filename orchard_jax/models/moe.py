@@ -24,6 +24,8 @@ Dispatch paths (ModelConfig.moe_dispatch), all computing that same y:
              are batch rows under a multi-device mesh (the sort stays local to a data shard),
              else the whole batch (ModelConfig.moe_group). The buffer's expert dimension
              follows the weights' "expert" mesh axis (expert parallelism).
+  "decode" for a few tokens (decode steps): gathered expert weights per assignment, or all
+           experts as one batched matmul; see models.decode. Not meant for long sequences.
   "ragged" sort all assignments of the batch by expert and run jax.lax.ragged_dot with the
            group sizes (dropless, no padding). The fast path on GPU/TPU; on CPU ragged_dot
            lowers to a masked dense matmul (num_experts times the work), so it is not the
@@ -44,6 +46,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from orchard_jax.models.config import ModelConfig
+from orchard_jax.models.decode import decode_dispatch
 from orchard_jax.models.layers import MLP, dtype_of, normal, param
 from orchard_jax.parallel.rules import constrain
 
@@ -286,6 +289,8 @@ class MoE(nnx.Module):
                   self.w_down[...].astype(dt))
     if cfg.moe_dispatch == "dense":
       y = dense_dispatch(x, weights, indices, valid, wg, wu, wd)
+    elif cfg.moe_dispatch == "decode":
+      y = decode_dispatch(x, weights, indices, valid, wg, wu, wd)
     elif cfg.moe_dispatch == "ragged":
       y = ragged_dispatch(x, weights, indices, valid, wg, wu, wd)
     else:

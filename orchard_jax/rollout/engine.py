@@ -62,9 +62,11 @@ class EngineConfig:
       for more to batch them.
     seed: seed of the engine's draw of per-request seeds (requests without sampling_seed);
       None draws from the OS.
-    decode_moe_dispatch: MoE dispatch for decode steps ("dense", "sort", "ragged"), None to
-      keep the model's, or "auto": "dense" on CPU for dropless models with at most 16 experts
-      (one token per row leaves "sort"'s capacity buffers nearly empty), the model's otherwise.
+    decode_moe_dispatch: MoE dispatch for decode steps ("decode", "dense", "sort",
+      "ragged"; ModelConfig.moe_dispatch), None to keep the model's, or "auto": "decode" on
+      CPU for dropless models (one token per row: gathered top-k expert weights, or all
+      experts in one batched matmul when the batch selects most of them; models.decode), the
+      model's otherwise.
   """
   max_batch_size: int = 8
   batch_buckets: tuple[int, ...] = (1, 2, 4, 8)
@@ -667,7 +669,7 @@ def _decode_dispatch(choice: Optional[str], model_config: Any) -> Optional[str]:
   dropless = (getattr(model_config, "moe_dropless", True)
               or getattr(model_config, "moe_capacity_factor", None) is None)
   # With capacity drops the paths would differ beyond rounding; keep the model's then.
-  return "dense" if jax.default_backend() == "cpu" and 0 < experts <= 16 and dropless else None
+  return "decode" if jax.default_backend() == "cpu" and experts > 0 and dropless else None
 
 
 def _top_bucket(k: int) -> int:
