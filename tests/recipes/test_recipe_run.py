@@ -4,6 +4,7 @@ mini-swe-agent folder, two RL iterations of BAR rollouts through the recording p
 embedded engine, real sandboxes and grading, an LLM judge (a scripted endpoint) that fails on
 some calls, one rollout aborted by an injected sandbox failure, packed updates, weight sync,
 orbax checkpoints, the final evaluation, and swe_eval on the resulting checkpoint."""
+import dataclasses
 import json
 import math
 import os
@@ -203,3 +204,63 @@ def test_checkpoint_evaluation_reproduces_the_final_evaluation(mini_run, value_r
   before = first_outputs(run_config.workdir, "swe_rpr-eval")
   after = first_outputs(config.workdir, "swe_eval-eval")
   assert len(before) == 4 and before == after
+
+
+@pytest.mark.slow
+def test_opd_teacher_scores_the_sampled_tokens(mini_run):
+  """On-policy distillation's teacher (a second, embedded engine serving the run's checkpoint)
+  scores the tokens the student sampled; with the same weights its log-probs equal the
+  trainer's forward pass, and an OPD policy-loss step trains on them."""
+  import jax
+  import numpy as np
+  from orchard_jax import parallel, train
+  from orchard_jax.recipes import swe_policy, swe_rl
+  _, run_config, _, _ = mini_run
+  config = run_config.copy_and_resolve_references()
+  config.opd.update(dict(mode="loss", teacher_init=run_config.workdir))
+  tokenizer = swe_policy.load_tokenizer(config.policy)
+  mesh = parallel.make_mesh(config.mesh)
+  with data.TrajectoryStore(os.path.join(run_config.workdir, "store")) as store:
+    t = next(t for t in store.trajectories(experiment="swe_rpr")
+             if store.model_calls(t.session_id))
+    sequences = data.sequences_from_model_calls(store.model_calls(t.session_id), mode="rl")
+  with swe_rl.Teacher(config, tokenizer, mesh) as teacher:
+    scored = swe_rl.add_teacher_logprobs([s.with_advantage(1.0) for s in sequences], teacher)
+  model = swe_policy.build_policy(config.policy, mesh, vocab_size=tokenizer.vocab_size,
+                                  init=run_config.workdir)
+  for s in scored:
+    n = len(s)
+    logp, _, _ = train.token_logprobs(model, s.input_ids[None], np.arange(n)[None],
+                                      np.ones((1, n), np.int32), with_entropy=False)
+    mask = s.teacher_mask > 0
+    assert mask.sum() == s.num_loss_tokens and not mask[0]
+    np.testing.assert_allclose(s.teacher_logprobs[mask], np.asarray(logp)[0][mask], atol=1e-4)
+  batches, _ = swe_rl.pack_updates(scored, config, data_parallel_size=train.data_parallel_size(
+      mesh), seed=0)
+  assert {"teacher_logprobs", "teacher_mask"} <= set(batches[0])
+  trainer_config = dataclasses.replace(swe_rl.trainer_config(config, str(os.path.join(
+      run_config.workdir, "opd_check")), model.config), total_steps=1)
+  with train.Trainer(model, swe_rl.policy_loss(config), trainer_config, mesh=mesh) as trainer:
+    metrics = trainer.train_step(batches[0])
+  assert np.isfinite(metrics["loss"]) and jax.device_count() >= 1
+
+
+@pytest.mark.slow
+def test_replay_expert_data_is_cached_in_the_store(parse_instances, env_client, tmp_path,
+                                                   monkeypatch):
+  """The SFT stage's replay-expert trajectories are executed and graded once, then read back
+  from the run's store."""
+  from orchard_jax.harness import AgentConfig
+  from orchard_jax.recipes import swe_sft
+  instance = parse_instances[0]
+  with data.TrajectoryStore(str(tmp_path / "store")) as store:
+    first = swe_sft.expert_trajectories([instance], env_client, store, variants=("gold",),
+                                        agent_config=AgentConfig(output_limit_chars=300),
+                                        experiment="x-expert")
+    assert [t.metadata["expert"]["variant"] for t in first] == ["gold"]
+    assert first[0].resolved is True and first[0].exit_status == "Submitted"
+    calls = []
+    monkeypatch.setattr(swe, "expert_trajectories", lambda *a, **k: calls.append(a) or [])
+    again = swe_sft.expert_trajectories([instance], env_client, store, variants=("gold",),
+                                        agent_config=AgentConfig(), experiment="x-expert")
+    assert calls == [] and [t.trajectory_id for t in again] == [first[0].trajectory_id]

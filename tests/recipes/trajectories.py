@@ -7,7 +7,8 @@ def action(thought: str, command: str) -> dict:
 
 
 def observation(code: int, output: str) -> dict:
-  return {"role": "user", "content": f"<returncode>{code}</returncode>\n<output>\n{output}</output>",
+  return {"role": "user",
+          "content": f"<returncode>{code}</returncode>\n<output>\n{output}</output>",
           "extra": {"returncode": code, "raw_output": output}}
 
 
