@@ -75,7 +75,7 @@ def swe_base(preset="tiny"):
   c.job = ""
   c.name = "swe"                     # experiment name: store records and run folder carry it
   c.preset = preset
-  c.workdir = ""                     # "" = runs/<name>_<preset> ($ORCHARD_CHECKPOINT_DIR on cluster)
+  c.workdir = ""                     # "" = runs/<name>_<preset> (cluster: $ORCHARD_CHECKPOINT_DIR)
   c.seed = 0
   c.progress = True
   c.policy = ml_collections.ConfigDict(dict(

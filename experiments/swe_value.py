@@ -4,7 +4,8 @@ Trains the value model (`value.preset`, tiny_dense here; or a policy backbone vi
 `value.init_from_policy`) on every evaluated trajectory in the trajectory stores of earlier
 experiments (`value.stores`, default runs/*/store), and reports held-out ROC AUC, expected
 calibration error, and best-of-k next to pass@k and random@k. Use the result for reranking with
-`experiments/swe_eval.py --config.checkpoint=... --config.eval.value_checkpoint=runs/swe_value_tiny`.
+`experiments/swe_eval.py --config.checkpoint=...
+--config.eval.value_checkpoint=runs/swe_value_tiny`.
 """
 from experiments import common
 
