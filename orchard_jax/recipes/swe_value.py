@@ -104,18 +104,13 @@ def split_by_task(items: Sequence[LabelledSequence], heldout_fraction: float
 
 def pack_labelled(items: Sequence[LabelledSequence], *, batch_size: int, seq_len: int,
                   data_parallel_size: int, seed: int = 0, shuffle: bool = True):
-  """Packed batches with `value_labels` [batch, seq] (the label on each sequence's tokens) and
-  the placements, so predictions can be read back per sequence."""
-  packed = data.pack_sequences([i.sequence for i in items], batch_size=batch_size,
-                               seq_len=seq_len, data_parallel_size=data_parallel_size,
-                               overflow="drop", seed=seed, shuffle=shuffle)
-  for batch in packed.batches:
-    batch["value_labels"] = np.zeros_like(batch["loss_weights"])
-  for item, place in zip(items, packed.placements):
-    if place is not None:
-      batch = packed.batches[place.batch]
-      batch["value_labels"][place.row, place.start:place.start + place.length] = item.label
-  return packed
+  """Packed batches with `value_labels` [batch, seq] (the label on each sequence's tokens,
+  `data.pack_sequences(value_labels=...)`) and the placements, so predictions can be read back
+  per sequence."""
+  return data.pack_sequences([i.sequence for i in items], batch_size=batch_size,
+                             seq_len=seq_len, data_parallel_size=data_parallel_size,
+                             overflow="drop", seed=seed, shuffle=shuffle,
+                             value_labels=[i.label for i in items])
 
 
 def build_value_model(config, mesh, tokenizer) -> ValueModel:
