@@ -184,8 +184,8 @@ class ValueLoss:
   """Binary cross-entropy of a ValueModel's logits against the resolved label (ALGORITHMS.md 6).
 
   The batch carries `value_labels` [batch, seq] float (the trajectory's resolved label, 1.0 or
-  0.0, on its tokens); the loss applies at each sequence's final token, or at every token with
-  `every_position`.
+  0.0, on its tokens; `data.pack_sequences(..., value_labels=labels)` writes it); the loss
+  applies at each sequence's final token, or at every token with `every_position`.
 
   Attributes:
     every_position: train every prefix too.
