@@ -499,6 +499,8 @@ def rl(config: ConfigDict) -> dict:
   from orchard_jax import train
   from orchard_jax.recipes import swe_judge, swe_policy, swe_rl, swe_rollouts
   c = config
+  _check_rl_config(c)
+  main_process = jax.process_index() == 0
   run = _Run(config)
   history: list[dict] = []
   started = _time.perf_counter()
@@ -519,8 +521,6 @@ def rl(config: ConfigDict) -> dict:
       if not c.policy.init and c.sft.enabled and not resuming:
         model, _ = _stage_sft(run, model, train_instances, env_client)
       judge = swe_judge.make_judge(c.judge) if c.rl.reward == "rpr" else None
-      if c.rl.reward not in ("rpr", "binary"):
-        raise ValueError(f"rl.reward is {c.rl.reward!r}; expected 'binary' or 'rpr'")
       bar = rl_lib.BARConfig(group_size=int(c.rl.bar.group_size),
                              max_rollouts=int(c.rl.bar.max_rollouts), stride=int(c.rl.bar.stride),
                              positive_fraction=tuple(c.rl.bar.positive_fraction))
@@ -543,7 +543,7 @@ def rl(config: ConfigDict) -> dict:
               train_instances, int(c.rl.prompts_per_iteration) + int(c.rl.oversample),
               iteration=iteration, seed=int(c.seed))
           groups = []
-          if jax.process_index() == 0:
+          if main_process:
             groups = swe_rollouts.balanced_groups(
                 runner, prompts, bar, iteration=iteration, seed=int(c.seed),
                 policy_version=service.version, progress_factory=run.progress_factory())
@@ -571,17 +571,37 @@ def rl(config: ConfigDict) -> dict:
           trainer.metrics.write(trainer.step, {k: v for k, v in stats.items()
                                                if isinstance(v, (int, float))})
           history.append(stats)
-          print(swe_rl.summary_line(iteration, int(c.rl.iterations), stats), flush=True)
+          if main_process:     # other hosts train on process 0's batches; they roll out nothing
+            print(swe_rl.summary_line(iteration, int(c.rl.iterations), stats), flush=True)
         report = {}
-        if c.rl.final_eval:
+        if c.rl.final_eval and main_process:   # rollouts, like RL's, run on process 0 only
           report = _final_eval(run, service, env_client, train_instances,
                                policy_version=service.version)
-    print(f"run finished in {(_time.perf_counter() - started) / 60:.1f} min; resolved rate "
-          f"(first rollouts of each prompt) per iteration: "
-          f"{[round(h['resolved/first'], 3) for h in history]}", flush=True)
+    if main_process:
+      print(f"run finished in {(_time.perf_counter() - started) / 60:.1f} min; resolved rate "
+            f"(first rollouts of each prompt) per iteration: "
+            f"{[round(h['resolved/first'], 3) for h in history]}", flush=True)
     return {"iterations": history, "eval": report, "workdir": run.dir}
   finally:
     run.close()
+
+
+def _check_rl_config(c: ConfigDict) -> None:
+  """Settings swe.rl would otherwise reject only after the task set and SFT (minutes in).
+
+  Raises:
+    ValueError: an unknown rl.reward or opd.mode, or OPD without a teacher.
+  """
+  from orchard_jax.train import OPD_MODES
+  if c.rl.reward not in ("rpr", "binary"):
+    raise ValueError(f"rl.reward is {c.rl.reward!r}; expected 'binary' or 'rpr'")
+  if c.opd.mode not in OPD_MODES:
+    raise ValueError(f"opd.mode is {c.opd.mode!r}; expected one of {OPD_MODES}")
+  if c.opd.mode != "none" and not (str(c.opd.teacher_urls).strip() or c.opd.teacher_init):
+    raise ValueError(f"opd.mode is {c.opd.mode!r} but there is no teacher: set "
+                     "opd.teacher_urls (SGLang servers) or opd.teacher_init (a checkpoint, run "
+                     "or Hugging Face folder served by a second embedded engine, e.g. "
+                     "--config.opd.teacher_init=runs/swe_rpr_tiny)")
 
 
 def data_keys(config: ConfigDict) -> tuple[str, ...]:

@@ -1,0 +1,43 @@
+"""The experiment files: every preset loads, names a registered job, and a config swe.rl cannot
+run is refused before the task set or SFT (not minutes into the run)."""
+import os
+
+import pytest
+
+from experiments import (common, swe_bar, swe_eval, swe_opd, swe_rpr, swe_sft, swe_tasks,
+                         swe_value)
+from orchard_jax.recipes import JOBS, swe
+
+EXPERIMENTS = {swe_tasks: "swe.build_tasks", swe_sft: "swe.sft", swe_bar: "swe.rl",
+               swe_rpr: "swe.rl", swe_opd: "swe.rl", swe_value: "swe.value",
+               swe_eval: "swe.evaluate"}
+
+
+@pytest.mark.parametrize("preset", common.SWE_PRESETS)
+@pytest.mark.parametrize("experiment", list(EXPERIMENTS), ids=lambda m: m.__name__)
+def test_every_preset_names_its_registered_job(experiment, preset):
+  config = experiment.get_config(preset)
+  assert config.job == EXPERIMENTS[experiment] and config.job in JOBS
+  if experiment is not swe_tasks:
+    assert config.preset == preset and set(config) == set(common.swe_base(preset)) | (
+        {"predictions", "output_dir", "run_id", "checkpoint"} if experiment is swe_eval
+        else set())
+
+
+@pytest.mark.parametrize("change, message", [
+    ({}, "no teacher"),                                   # swe_opd's tiny default alone
+    ({"rl.reward": "process"}, "rl.reward is 'process'"),
+    ({"opd.mode": "distill"}, "opd.mode is 'distill'"),
+])
+def test_swe_rl_refuses_a_config_it_cannot_run_before_doing_anything(tmp_path, change, message):
+  config = swe_opd.get_config()
+  config.workdir = str(tmp_path / "run")
+  config.opd.teacher_urls = ""
+  for field, value in change.items():
+    block, name = field.split(".")
+    config[block][name] = value
+  if change:
+    config.opd.teacher_init = "runs/some_run"       # only the changed field is wrong
+  with pytest.raises(ValueError, match=message):
+    swe.rl(config)
+  assert not os.path.exists(config.workdir)
