@@ -235,12 +235,18 @@ class PolicyService:
       if not self.config.engine.weights_dir:
         raise PolicyError("remote engines load new weights from disk: set engine.weights_dir "
                           "to a folder every SGLang server can read")
+      import jax
       folder = os.path.join(self.config.engine.weights_dir, f"v{version:06d}")
-      if not os.path.exists(os.path.join(folder, "config.json")):
-        import jax
-        if jax.process_index() == 0:
+      # Process 0 writes the folder and then asks the servers to load it; other hosts of a
+      # multi-host run must not ask before it is complete (nor make every server reload once
+      # per host), so they wait at a barrier.
+      if jax.process_index() == 0:
+        if not os.path.exists(os.path.join(folder, "config.json")):
           models.hf.save_pretrained(model, model.config, folder)
-      self._client.update_weights_from_disk(folder, weight_version=str(version))
+        self._client.update_weights_from_disk(folder, weight_version=str(version))
+      if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(f"orchard_sync_weights_{version}")
     self.version = version
 
 
