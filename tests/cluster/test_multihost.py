@@ -72,6 +72,12 @@ def test_two_processes_with_four_devices_each_match_one_process_with_eight(tmp_p
   np.testing.assert_allclose(reports[0]["losses"], reference["losses"], rtol=2e-5,
                              err_msg=f"two hosts {reports} vs one {reference}")
   assert len(set(reference["losses"])) == STEPS, reference   # the parameters did change
+  # Both hosts share one run folder; only process 0 writes its metrics (each step once).
+  with open(tmp_path / "two" / "metrics.jsonl") as f:
+    records = [json.loads(line) for line in f]
+  assert [r["step"] for r in records if "event" not in r] == list(range(1, STEPS + 1))
+  np.testing.assert_allclose([r["loss"] for r in records if "event" not in r],
+                             reports[0]["losses"], rtol=1e-6)
 
 
 def test_no_environment_means_no_multi_host_run():
