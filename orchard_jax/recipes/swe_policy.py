@@ -25,6 +25,7 @@ from typing import Any, Optional
 from flax import nnx
 
 from orchard_jax import data, models, parallel, train
+from orchard_jax.models import hf  # a submodule: `models.hf` exists only once imported
 
 _log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def build_policy(policy_config, mesh, *, vocab_size: int, seed: int = 0,
   init = policy_config.init if init is None else init
   overrides = model_overrides(policy_config)
   if init and is_hf_folder(init):
-    _, model = models.hf.load_pretrained(init, mesh=mesh, **overrides)
+    _, model = hf.load_pretrained(init, mesh=mesh, **overrides)
     _check_vocab(model.config, vocab_size)
     return model
   config = dataclasses.replace(models.get_preset(policy_config.preset), **overrides)
@@ -242,7 +243,7 @@ class PolicyService:
       # per host), so they wait at a barrier.
       if jax.process_index() == 0:
         if not os.path.exists(os.path.join(folder, "config.json")):
-          models.hf.save_pretrained(model, model.config, folder)
+          hf.save_pretrained(model, model.config, folder)
         self._client.update_weights_from_disk(folder, weight_version=str(version))
       if jax.process_count() > 1:
         from jax.experimental import multihost_utils
