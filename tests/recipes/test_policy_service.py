@@ -1,7 +1,8 @@
 """PolicyService's remote path (engine.urls set, as the cluster preset sets it): new weights
 are written as a Hugging Face folder under engine.weights_dir and every server loads them with
-/update_weights_from_disk, and such a folder works as policy.init. The "SGLang server" is orchard_jax's own InferenceServer, which
-speaks SGLang's HTTP API: no SGLang server can run on this machine."""
+/update_weights_from_disk, and such a folder works as policy.init. The "SGLang server" is
+orchard_jax's own InferenceServer, which speaks SGLang's HTTP API: no SGLang server can run on
+this machine."""
 import os
 
 import jax
