@@ -501,6 +501,11 @@ def rl(config: ConfigDict) -> dict:
   c = config
   _check_rl_config(c)
   main_process = jax.process_index() == 0
+  if jax.process_count() > 1 and not (str(c.engine.urls).strip() and (
+      c.opd.mode == "none" or str(c.opd.teacher_urls).strip())):
+    raise ValueError("a multi-host run needs remote engines (engine.urls, and opd.teacher_urls "
+                     "with OPD; the cluster preset sets both): an embedded engine would serve a "
+                     "model sharded over every host from process 0 alone and hang")
   run = _Run(config)
   history: list[dict] = []
   started = _time.perf_counter()

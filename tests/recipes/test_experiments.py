@@ -41,3 +41,15 @@ def test_swe_rl_refuses_a_config_it_cannot_run_before_doing_anything(tmp_path, c
   with pytest.raises(ValueError, match=message):
     swe.rl(config)
   assert not os.path.exists(config.workdir)
+
+
+def test_a_multi_host_run_without_remote_engines_is_refused(tmp_path, monkeypatch):
+  """Simulated: jax.process_count is monkeypatched to 2 (this test is one process). Rollouts run
+  on process 0 only, which cannot drive an embedded engine whose model spans every host."""
+  import jax
+  monkeypatch.setattr(jax, "process_count", lambda *args, **kwargs: 2)
+  config = swe_rpr.get_config()
+  config.workdir = str(tmp_path / "run")
+  with pytest.raises(ValueError, match="needs remote engines"):
+    swe.rl(config)
+  assert not os.path.exists(config.workdir)
