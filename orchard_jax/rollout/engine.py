@@ -433,10 +433,10 @@ class Engine:
         nxt[r, :len(follow)] = follow
         last[r] = take - 1
         spans[id(s)] = (r, start, take)
-      self._cache, out = self.runner.prefill(self._cache, ids, pos, seg, nxt, last,
-                                             top_k_num=top_k_num)
       want_inputs = any(s.request.return_logprob and s.request.logprob_start_len >= 0
                         for s in pending)
+      self._cache, out = self.runner.prefill(self._cache, ids, pos, seg, nxt, last,
+                                             top_k_num=top_k_num, prompt_logprobs=want_inputs)
       next_lp = np.asarray(out["next_logprobs"]) if want_inputs else None
       tops = ((np.asarray(out["top_values"]), np.asarray(out["top_ids"]))
               if want_inputs and top_k_num else None)

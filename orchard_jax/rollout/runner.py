@@ -58,7 +58,8 @@ class ModelRunner:
     self._model_for_cache = model
     self.compile_count = 0
     self._lock = threading.Lock()
-    self._prefill = jax.jit(self._prefill_impl, static_argnames=("top_k_num",),
+    self._prefill = jax.jit(self._prefill_impl,
+                            static_argnames=("top_k_num", "prompt_logprobs"),
                             donate_argnums=(1,))
     self._decode = jax.jit(self._decode_impl,
                            static_argnames=("num_steps", "mode", "top_k_num"),
@@ -139,14 +140,19 @@ class ModelRunner:
     return cache.reset_rows(rows)
 
   def _prefill_impl(self, params, cache, ids, positions, segment_ids, next_ids, last_col, *,
-                    top_k_num: int):
+                    top_k_num: int, prompt_logprobs: bool):
     self._count_trace()
     model = nnx.merge(self.graphdef, params, self.rest)
+    rows = jnp.arange(ids.shape[0])
+    if not prompt_logprobs and _has_lm_head(model):
+      # Only the last column's logits are needed: the LM head runs on [batch, hidden] instead
+      # of [batch, chunk, hidden] (for a small model it is most of a prefill's work).
+      hidden, _, cache = model.model(ids, positions, segment_ids, cache=cache)
+      return cache, {"last_logits": model.logits(hidden[rows, last_col]).astype(jnp.float32)}
     logits, _, cache = model(ids, positions, segment_ids, cache=cache)
     logits = logits.astype(jnp.float32)
     logp = jax.nn.log_softmax(logits, axis=-1)
     next_lp = jnp.take_along_axis(logp, next_ids[..., None], axis=-1)[..., 0]
-    rows = jnp.arange(ids.shape[0])
     last_logits = logits[rows, last_col]
     out = {"next_logprobs": next_lp, "last_logits": last_logits}
     if top_k_num:
@@ -192,17 +198,22 @@ class ModelRunner:
   # ------------------------------------------------------------------ host-facing calls
 
   def prefill(self, cache, ids: np.ndarray, positions: np.ndarray, segment_ids: np.ndarray,
-              next_ids: np.ndarray, last_col: np.ndarray, top_k_num: int = 0):
+              next_ids: np.ndarray, last_col: np.ndarray, top_k_num: int = 0,
+              prompt_logprobs: bool = True):
     """One prefill chunk. Arrays are [batch, chunk] int32 (last_col [batch]).
 
+    Args:
+      prompt_logprobs: compute the prompt tokens' log-probs (scoring, input_token_logprobs);
+        False computes logits at last_col only.
     Returns:
-      (cache, out) with out["next_logprobs"] [batch, chunk] = log p(next_ids[b, c] | tokens up
-      to column c), out["last_logits"] [batch, vocab] at column last_col[b], and when
-      top_k_num > 0 out["top_values"], out["top_ids"] [batch, chunk, k].
+      (cache, out) with out["last_logits"] [batch, vocab] at column last_col[b], and when
+      prompt_logprobs out["next_logprobs"] [batch, chunk] = log p(next_ids[b, c] | tokens up
+      to column c) and, when top_k_num > 0, out["top_values"], out["top_ids"] [batch, chunk, k].
     """
     return self._prefill(self.params, cache, jnp.asarray(ids), jnp.asarray(positions),
                          jnp.asarray(segment_ids), jnp.asarray(next_ids),
-                         jnp.asarray(last_col), top_k_num=top_k_num)
+                         jnp.asarray(last_col), top_k_num=top_k_num if prompt_logprobs else 0,
+                         prompt_logprobs=prompt_logprobs)
 
   def sample(self, logits, seeds, positions, temperature, top_k, top_p, min_p, *,
              mode: SamplingMode, top_k_num: int = 0):
@@ -226,6 +237,12 @@ class ModelRunner:
                         jnp.asarray(remaining), jnp.asarray(seeds), jnp.asarray(temperature),
                         jnp.asarray(top_k), jnp.asarray(top_p), jnp.asarray(min_p),
                         num_steps=num_steps, mode=mode, top_k_num=top_k_num)
+
+
+def _has_lm_head(model: Any) -> bool:
+  """The model exposes its backbone (`model.model(...) -> (hidden, aux, cache)`) and
+  `model.logits(hidden)`, as models.CausalLM does."""
+  return callable(getattr(model, "model", None)) and callable(getattr(model, "logits", None))
 
 
 def bucket(value: int, buckets: tuple[int, ...]) -> Optional[int]:
