@@ -17,10 +17,10 @@ upstream (SGLang or the embedded engine, `SGLangUpstream`) the proxy
 3. parses the sampled text into an assistant message (content, reasoning, tool calls) with the
    model family's tool-call parser, returns it as a chat completion, and appends a
    `data.ModelCall` (prompt ids, output ids, log-probs, messages, tools, response, finish
-   reason, segment index, timing) to the trajectory store as the call finishes: right after
-   the response is sent, so the write is off the harness's latency path.
-   `end_session(session_id)` (and `flush()`) wait until every answered call is written; read
-   the store after calling it.
+   reason, segment index, timing) to the trajectory store as the call finishes. The record is
+   built and written by a background thread (`recorder.RecordWriter`, in call order), so
+   neither is on the harness's latency path. `end_session(session_id)` (and `flush()`) wait
+   until every answered call is written; read the store after calling it.
 
 For a text-level upstream (`OpenAIUpstream`, e.g. a hosted teacher) it forwards the request
 and records the messages and the response, marked `text_only` (SFT re-tokenises those with the
@@ -38,14 +38,12 @@ import contextlib
 import dataclasses
 import json
 import logging
-import threading
 import time
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import fastapi
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.background import BackgroundTask
 
 from orchard_jax.data import ChatTemplateError, ModelCall, chat_messages
 from orchard_jax.rollout.background import BackgroundServer
@@ -54,6 +52,7 @@ from orchard_jax.rollout.openai_chat import (
   assistant_message, chat_completion, sampling_params_of, stream_chat_chunks, token_logprobs)
 from orchard_jax.rollout.openai_protocol import ChatCompletionRequest, ChatCompletionResponse
 from orchard_jax.rollout.protocol import SamplingParams
+from orchard_jax.rollout.recorder import RecordWriter
 from orchard_jax.rollout.server import error_response
 from orchard_jax.rollout.upstream import OpenAIUpstream, SGLangUpstream
 
@@ -98,10 +97,12 @@ class PromptPlan:
     reused: number of leading ids taken from a recorded checkpoint (0: rendered from scratch).
     continues_segment: the prompt extends the session's latest recorded call (prompt +
       output), so the call belongs to the current segment.
+    key: the messages' history keys (`message_key` of each), for the session's checkpoints.
   """
   ids: list[int]
   reused: int
   continues_segment: bool
+  key: tuple = ()
 
 
 def message_key(message: dict) -> tuple:
@@ -161,17 +162,17 @@ class PromptBuilder:
         if fits and key[:n] == cp.key and (best is None or n > len(best.key)):
           best = cp
     if best is not None and not best.assistant:
-      return PromptPlan(list(best.ids), len(best.ids), False)
+      return PromptPlan(list(best.ids), len(best.ids), False, key)
     if best is not None:
       suffix = self._new_text(messages, len(best.key), tools, template_kwargs, best.closed)
       if suffix is not None:
-        ids = list(best.ids) + self.tokenizer.encode(suffix)
-        return PromptPlan(ids, len(best.ids), best is session.latest)
+        ids = best.ids + self.tokenizer.encode(suffix)
+        return PromptPlan(ids, len(best.ids), best is session.latest, key)
       _log.info("session %s: chat template is not prefix-stable here; rendering the prompt "
                 "from scratch", session.id)
     ids = self.tokenizer.render_chat(messages, tools, add_generation_prompt=True,
                                      **template_kwargs)
-    return PromptPlan(ids, 0, False)
+    return PromptPlan(ids, 0, False, key)
 
   def _new_text(self, messages: list[dict], k: int, tools, template_kwargs: dict,
                 closed: bool) -> Optional[str]:
@@ -231,8 +232,7 @@ class RecordingProxy:
     self.sampling_overrides = dict(sampling_overrides or {})
     self.builder = PromptBuilder(tokenizer) if tokenizer is not None else None
     self.sessions: dict[str, _Session] = {}
-    self._pending: dict[str, int] = {}
-    self._written = threading.Condition()
+    self.writer = RecordWriter(store) if store is not None else None
     self.app = self._create_app()
     self._server = BackgroundServer(self.app, host=host, port=port)
 
@@ -265,47 +265,24 @@ class RecordingProxy:
     Raises:
       SessionError: records still pending after timeout_s.
     """
-    deadline = time.monotonic() + timeout_s
-    with self._written:
-      while (self._pending.get(session_id, 0) if session_id is not None
-             else sum(self._pending.values())):
-        left = deadline - time.monotonic()
-        if left <= 0:
-          raise SessionError(f"records of session {session_id!r} still unwritten after "
-                             f"{timeout_s} s")
-        self._written.wait(timeout=left)
+    if self.writer is not None:
+      self.writer.flush(session_id, timeout_s=timeout_s)
 
-  def _pending_started(self, session_id: str, record: Any) -> None:
-    if record is None:
-      return
-    with self._written:
-      self._pending[session_id] = self._pending.get(session_id, 0) + 1
-
-  async def _append(self, session: _Session, record: Any) -> None:
-    if record is None:
-      return
-    try:
-      async with session.lock:
-        self.store.append_model_call(record)
-    except Exception:  # noqa: BLE001 - a store fault must not take the proxy down
-      _log.exception("could not record call %d of session %s", record.call_index, session.id)
-    finally:
-      with self._written:
-        self._pending[session.id] -= 1
-        if not self._pending[session.id]:
-          del self._pending[session.id]
-        self._written.notify_all()
+  def _record(self, session_id: str, build: Any) -> None:
+    if self.writer is not None:
+      self.writer.submit(session_id, build)
 
   def __enter__(self) -> "RecordingProxy":
     self._server.start()
     return self
 
   def __exit__(self, *exc: Any) -> None:
-    try:
-      self.flush(timeout_s=60.0)
-    except SessionError:
-      _log.exception("leaving the proxy with unwritten records")
     self._server.stop()
+    if self.writer is not None:
+      try:
+        self.writer.close(timeout_s=60.0)
+      except SessionError:
+        _log.exception("leaving the proxy with unwritten records")
 
   # ------------------------------------------------------------------ app
 
@@ -353,22 +330,19 @@ class RecordingProxy:
         session = self.sessions.setdefault(session_id, _Session(session_id))
       async with session.lock:
         if self.upstream.text_only:
-          body, record = await self._text_only_call(session, request)
+          body, build = await self._text_only_call(session, request)
         else:
-          response, record = await self._token_call(session, request)
+          response, build = await self._token_call(session, request)
           body = None if request.stream else response.model_dump(mode="json", exclude_none=True)
-        self._pending_started(session.id, record)
-      # The record is appended right after the response is sent (off the harness's latency
-      # path); `flush`/`end_session` wait for it.
-      background = BackgroundTask(self._append, session, record)
+        # Built and appended by the writer thread, in call order; flush/end_session wait.
+        self._record(session.id, build)
       if body is None:
-        return StreamingResponse(stream_chat_chunks(response), media_type="text/event-stream",
-                                 background=background)
-      return JSONResponse(body, background=background)
+        return StreamingResponse(stream_chat_chunks(response), media_type="text/event-stream")
+      return JSONResponse(body)
 
     @app.delete("/sessions/{session_id}")
     async def end(session_id: str):
-      while self._pending.get(session_id):
+      while self.writer is not None and self.writer.pending(session_id):
         await asyncio.sleep(0.001)
       self._forget(session_id)
       return {"ended": session_id}
@@ -389,7 +363,9 @@ class RecordingProxy:
       raise RequestError(f"invalid sampling settings after proxy defaults/overrides: {e}") from e
 
   async def _token_call(self, session: _Session, request: ChatCompletionRequest
-                        ) -> tuple[ChatCompletionResponse, Optional[ModelCall]]:
+                        ) -> tuple[ChatCompletionResponse, Callable[[], ModelCall]]:
+    """One chat completion through a token-level upstream: the response, and a function that
+    builds the call's record (run later by the writer thread)."""
     started_at, t0 = time.time(), time.perf_counter()
     messages = _clean_messages(request.messages)
     tools = request.offered_tools()
@@ -415,55 +391,62 @@ class RecordingProxy:
       completion_tokens=len(out.output_ids), logprobs=logprobs, model=self.served_model_name)
     returned = message.model_dump(exclude_none=True)
     closed = finish is not None and finish.type == "stop" and isinstance(finish.matched, int)
-    key = tuple(message_key(m) for m in messages)
-    request_cp = _Checkpoint(key, list(plan.ids), False, False, session.call_index)
-    answer_cp = _Checkpoint(key + (message_key(returned),), list(plan.ids) + list(out.output_ids),
+    # Checkpoints share the prompt's id list (never mutated: a later prompt is a new list).
+    request_cp = _Checkpoint(plan.key, plan.ids, False, False, session.call_index)
+    answer_cp = _Checkpoint(plan.key + (message_key(returned),), plan.ids + out.output_ids,
                             True, closed, session.call_index)
     session.context_key = _context_key(tools, kwargs)
     session.checkpoints = (session.checkpoints + [request_cp, answer_cp])[-2 * _CHECKPOINTS_KEPT:]
     session.latest = answer_cp
-    t3 = time.perf_counter()
-    record = None
-    if self.store is not None:
-      record = ModelCall(
-        session_id=session.id, call_index=session.call_index, prompt_ids=plan.ids,
-        output_ids=out.output_ids, output_logprobs=out.output_logprobs,
-        segment_index=session.segment_index, messages=messages, tools=tools,
+    call_index, segment_index = session.call_index, session.segment_index
+    session.call_index += 1
+    session.prompt_tokens += len(plan.ids)
+    session.completion_tokens += len(out.output_ids)
+    output_logprobs = out.output_logprobs          # raises here when the upstream sent none
+    t3, finished_at = time.perf_counter(), time.time()
+
+    def record() -> ModelCall:
+      return ModelCall(
+        session_id=session.id, call_index=call_index, prompt_ids=plan.ids,
+        output_ids=out.output_ids, output_logprobs=output_logprobs,
+        segment_index=segment_index, messages=messages, tools=tools,
         response=returned, finish_reason=response.choices[0].finish_reason, text_only=False,
         model=self.served_model_name, policy_version=_version(out.meta_info.weight_version),
         sampling_params=params.model_dump(exclude_defaults=True),
-        started_at=started_at, finished_at=time.time(),
+        started_at=started_at, finished_at=finished_at,
         metadata={"timing_s": {"prompt": t1 - t0, "upstream": t2 - t1, "response": t3 - t2,
-                               "total": time.perf_counter() - t0},
+                               "total": t3 - t0},
                   "reused_prompt_ids": plan.reused, "upstream": self.upstream.description,
                   "rid": out.meta_info.id,
                   "tool_call_errors": [dataclasses.asdict(e) for e in parsed.errors]
                   if parsed is not None else []})
-    session.call_index += 1
-    session.prompt_tokens += len(plan.ids)
-    session.completion_tokens += len(out.output_ids)
+
     return response, record
 
   async def _text_only_call(self, session: _Session, request: ChatCompletionRequest
-                            ) -> tuple[dict[str, Any], Optional[ModelCall]]:
+                            ) -> tuple[dict[str, Any], Callable[[], ModelCall]]:
+    """One chat completion through a text-level upstream: the response body, and a function
+    that builds the call's text-only record."""
     started_at, t0 = time.time(), time.perf_counter()
     body = request.model_dump(exclude_unset=True)
     body.pop("stream", None)
     data = await self.upstream.chat(body)
     choice = data["choices"][0]
-    record = None
-    if self.store is not None:
-      record = ModelCall(
-        session_id=session.id, call_index=session.call_index,
+    call_index, total, finished_at = session.call_index, time.perf_counter() - t0, time.time()
+    session.call_index += 1
+
+    def record() -> ModelCall:
+      return ModelCall(
+        session_id=session.id, call_index=call_index,
         messages=_clean_messages(request.messages), tools=request.offered_tools(),
         response=choice.get("message"), finish_reason=choice.get("finish_reason"),
         text_only=True, model=data.get("model") or self.upstream.model,
         sampling_params={k: v for k, v in body.items()
                          if k not in ("messages", "tools", "model", "tool_choice")},
-        started_at=started_at, finished_at=time.time(),
-        metadata={"timing_s": {"total": time.perf_counter() - t0},
+        started_at=started_at, finished_at=finished_at,
+        metadata={"timing_s": {"total": total},
                   "upstream": self.upstream.description, "usage": data.get("usage")})
-    session.call_index += 1
+
     return data, record
 
 

@@ -1,0 +1,135 @@
+"""Writes the recording proxy's model calls to the trajectory store from a background thread.
+
+Building a `data.ModelCall` (converting the id lists, copying the messages) and appending it to
+the store (serialising JSON, writing the file) cost about a millisecond per call of a long
+agent session. `RecordWriter` takes that off the request path: the proxy hands over a callable
+that builds the record, and one writer thread builds and appends the records in the order they
+were submitted (so a session's calls are stored in call order). `flush` waits until everything
+submitted (for one session or all) is in the store; `close` flushes and stops the thread.
+
+No submitted record is dropped: the thread drains its queue before it stops, and a record
+whose build or append raised is logged and kept in `failed` (with the error) so a caller can
+write it elsewhere; the proxy keeps serving.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from orchard_jax.rollout.errors import SessionError
+
+_log = logging.getLogger(__name__)
+
+
+class RecordWriter:
+  """One background thread appending model calls to a store, in submission order.
+
+  Args:
+    store: a `data.TrajectoryStore` (anything with `append_model_call(record)`).
+    name: the thread's name.
+
+  Attributes:
+    written: records appended so far.
+    failed: (session_id, record or None, exception) for records whose build or append raised.
+  """
+
+  def __init__(self, store: Any, name: str = "orchard-record-writer"):
+    self.store = store
+    self.written = 0
+    self.failed: list[tuple[str, Any, BaseException]] = []
+    self._queue: "queue.SimpleQueue[Optional[tuple[str, Callable[[], Any]]]]" = (
+      queue.SimpleQueue())
+    self._pending: collections.Counter = collections.Counter()
+    self._done = threading.Condition()
+    self._closed = False
+    self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+    self._thread.start()
+
+  def submit(self, session_id: str, build: Callable[[], Any]) -> None:
+    """Queue one record: `build()` returns the `data.ModelCall`, called on the writer thread.
+
+    `build` must only read data that nobody changes afterwards (the proxy passes the lists
+    of the finished call). After `close`, the record is built and appended on the caller's
+    thread instead, so nothing is lost.
+    """
+    with self._done:
+      closed = self._closed
+      if not closed:
+        self._pending[session_id] += 1
+        self._queue.put((session_id, build))    # under the lock: never behind close's marker
+    if closed:
+      self._write(session_id, build)
+
+  def pending(self, session_id: Optional[str] = None) -> int:
+    """Records submitted and not yet appended (of one session, or all)."""
+    with self._done:
+      if session_id is not None:
+        return self._pending.get(session_id, 0)
+      return sum(self._pending.values())
+
+  def flush(self, session_id: Optional[str] = None, timeout_s: float = 60.0) -> None:
+    """Block until every record submitted so far (of one session, or all) is appended.
+
+    Raises:
+      SessionError: records still pending after timeout_s.
+    """
+    deadline = time.monotonic() + timeout_s
+    with self._done:
+      while (self._pending.get(session_id, 0) if session_id is not None
+             else sum(self._pending.values())):
+        left = deadline - time.monotonic()
+        if left <= 0:
+          raise SessionError(f"records of session {session_id!r} still unwritten after "
+                             f"{timeout_s} s")
+        self._done.wait(timeout=left)
+
+  def close(self, timeout_s: float = 60.0) -> None:
+    """Append everything queued, then stop the thread (idempotent).
+
+    Raises:
+      SessionError: the queue did not drain within timeout_s.
+    """
+    with self._done:
+      if self._closed:
+        return
+      self._closed = True
+    self._queue.put(None)
+    self._thread.join(timeout=timeout_s)
+    if self._thread.is_alive():
+      raise SessionError(f"{self.pending()} records still unwritten after {timeout_s} s")
+
+  def __enter__(self) -> "RecordWriter":
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self.close()
+
+  def _run(self) -> None:
+    while True:
+      item = self._queue.get()
+      if item is None:
+        return
+      session_id, build = item
+      try:
+        self._write(session_id, build)
+      finally:
+        with self._done:
+          self._pending[session_id] -= 1
+          if not self._pending[session_id]:
+            del self._pending[session_id]
+          self._done.notify_all()
+
+  def _write(self, session_id: str, build: Callable[[], Any]) -> None:
+    record = None
+    try:
+      record = build()
+      self.store.append_model_call(record)
+      self.written += 1
+    except Exception as e:  # noqa: BLE001 - a store fault must not take the proxy down
+      _log.exception("could not record call %s of session %s",
+                     getattr(record, "call_index", "?"), session_id)
+      self.failed.append((session_id, record, e))
