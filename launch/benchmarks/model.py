@@ -3,14 +3,21 @@ orchard_jax vs transformers (PyTorch), same config, same batch, same threads, fl
 
 Cases follow /work/shared/PEERS.md: the `tiny` and `small` presets of both architectures
 (qwen3_moe: tiny, small; qwen3_5_moe: tiny_qwen3_5, small_qwen3_5) at batch 4 x 512 (tiny) and
-4 x 1024 (small), random token ids, loss = next-token cross-entropy (+ the router's
-load-balancing loss for orchard_jax, as transformers adds it when labels are given and
-output_router_logits is set; here neither side adds it, to compare the same work).
+4 x 1024 (small), random token ids, loss = mean next-token cross-entropy over the batch
+(transformers: `model(input_ids, labels=input_ids).loss`, its own shifted cross-entropy over
+materialised logits; orchard_jax: `models.next_token_loss`, the same quantity with the LM head
+and cross-entropy fused chunk by chunk, models.losses). Neither side adds the router's
+load-balancing loss (transformers only does with output_router_logits), to compare the same
+work. Both sides compute in float32 (no reduced-precision matmuls).
 
-Each side runs in its own subprocess (so peak RSS is its own): torch with
-torch.set_num_threads(THREADS); JAX with XLA's CPU thread pool limited to THREADS cores via
-taskset when available. Timing: `warmup` untimed steps, then the median of `repeats` steps
-(tiny 2 + 5, small 1 + 3). orchard_jax's step is one jitted function computing the loss and
+Each side runs in its own subprocess (so peak RSS is its own), with the same cores: torch
+with torch.set_num_threads(THREADS) (and OMP_NUM_THREADS); XLA:CPU sizes its thread pool to
+the cores the process may run on, so on a machine with more than THREADS cores both workers
+are pinned to cores 0..THREADS-1 with taskset (on this project's 2-core machines THREADS is
+all of them). Timing: `warmup` untimed steps, then the median of `repeats` steps
+(tiny 2 + 5, small 1 + 3). Besides tokens/s (wall clock) each case reports the process's CPU
+seconds per step (all threads): the work done, which stays meaningful when other jobs share
+the cores and wall-clock ratios are only provisional. orchard_jax's step is one jitted function computing the loss and
 the gradients of all parameters (the first call, compilation, is excluded like warm-ups).
 """
 import json
@@ -48,6 +55,9 @@ def run() -> list[common.Row]:
     rows.append(common.Row(case=case, metric="peak RSS GB", ours=ours["peak_rss_gb"],
                            baseline=theirs["peak_rss_gb"], baseline_name=baseline,
                            higher_is_better=False))
+    rows.append(common.Row(case=case, metric="CPU s/step", ours=ours["cpu_s_per_step"],
+                           baseline=theirs["cpu_s_per_step"], baseline_name=baseline,
+                           higher_is_better=False))
   return rows
 
 
@@ -59,7 +69,7 @@ def _subprocess(side: str, preset: str, batch: int, seq: int, warmup: int,
   env.pop("XLA_FLAGS", None)                 # one CPU device, not the tests' eight
   env["JAX_PLATFORMS"] = "cpu"
   env["OMP_NUM_THREADS"] = str(THREADS)
-  if side == "ours" and _has_taskset() and os.cpu_count() and os.cpu_count() > THREADS:
+  if _has_taskset() and os.cpu_count() and os.cpu_count() > THREADS:
     cmd = ["taskset", "-c", f"0-{THREADS - 1}"] + cmd
   out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
   if out.returncode != 0:
@@ -83,9 +93,17 @@ def _batch(vocab: int, batch: int, seq: int):
   return rng.integers(0, vocab, (batch, seq)).astype(np.int32)
 
 
-def _time(step, warmup: int, repeats: int) -> float:
-  durations = common.time_calls(step, warmup=warmup, repeats=repeats)
-  return common.median(durations)
+def _time(step, warmup: int, repeats: int) -> tuple[float, float]:
+  """Median wall seconds and median process CPU seconds (all threads) of one step."""
+  for _ in range(warmup):
+    step()
+  walls, cpus = [], []
+  for _ in range(repeats):
+    wall, cpu = time.perf_counter(), time.process_time()
+    step()
+    walls.append(time.perf_counter() - wall)
+    cpus.append(time.process_time() - cpu)
+  return common.median(walls), common.median(cpus)
 
 
 def _worker_ours(preset: str, batch: int, seq: int, warmup: int, repeats: int) -> dict:
@@ -105,15 +123,14 @@ def _worker_ours(preset: str, batch: int, seq: int, warmup: int, repeats: int) -
   segments = jnp.ones((batch, seq), jnp.int32)
 
   def loss_fn(params):
-    logits, _ = nnx.merge(graphdef, params)(ids, positions, segments)
-    logp = jax.nn.log_softmax(logits[:, :-1])
-    nll = -jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)
-    return jnp.mean(nll)
+    loss, _ = models.next_token_loss(nnx.merge(graphdef, params), ids, positions, segments)
+    return loss
 
   step = jax.jit(jax.value_and_grad(loss_fn))
   jax.block_until_ready(step(params))        # compile
-  median = _time(lambda: jax.block_until_ready(step(params)), warmup, repeats)
-  return {"tokens_per_s": batch * seq / median, "peak_rss_gb": _peak_rss_gb()}
+  median, cpu = _time(lambda: jax.block_until_ready(step(params)), warmup, repeats)
+  return {"tokens_per_s": batch * seq / median, "peak_rss_gb": _peak_rss_gb(),
+          "cpu_s_per_step": cpu}
 
 
 def _worker_transformers(preset: str, batch: int, seq: int, warmup: int, repeats: int) -> dict:
@@ -135,8 +152,9 @@ def _worker_transformers(preset: str, batch: int, seq: int, warmup: int, repeats
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
 
-  median = _time(step, warmup, repeats)
-  return {"tokens_per_s": batch * seq / median, "peak_rss_gb": _peak_rss_gb()}
+  median, cpu = _time(step, warmup, repeats)
+  return {"tokens_per_s": batch * seq / median, "peak_rss_gb": _peak_rss_gb(),
+          "cpu_s_per_step": cpu}
 
 
 if __name__ == "__main__":

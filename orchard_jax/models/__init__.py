@@ -16,6 +16,11 @@ Public API (CONTRACTS.md "Model API"):
     model.hidden_states(input_ids, positions, segment_ids, *, return_aux=False)
         -> [batch, seq, hidden]  (or (hidden, aux) with return_aux=True)
     model.logits(hidden) -> [..., vocab] float32
+    model.head_matrix() -> [hidden, vocab] (the LM head, or the transposed tied embedding)
+  next_token_loss(model, input_ids, positions, segment_ids, *, chunk_size=1024)
+    -> (mean next-token NLL, aux), with the fused LM-head cross-entropy
+  fused_cross_entropy(hidden, head, targets, weights, *, chunk_size=1024) -> weighted NLL sum
+    (logits and their gradient one [chunk, vocab] block at a time; models.losses)
     model.init_cache(batch, max_len, dtype=None) -> DecodeCache
   DecodeCache (pytree: lengths [batch] + per-layer AttentionCache / DeltaNetCache), with
     cache.reset_rows(rows_mask) for continuous batching. Fixed shapes: jit- and donate-able.
@@ -44,6 +49,7 @@ from orchard_jax.models.cache import AttentionCache, DecodeCache, DeltaNetCache
 from orchard_jax.models.config import ModelConfig
 from orchard_jax.models.decoder import CausalLM, Decoder
 from orchard_jax.models.errors import CheckpointError, CheckpointMismatch, ConfigError, ModelError
+from orchard_jax.models.losses import fused_cross_entropy, next_token_loss
 from orchard_jax.models.presets import PRESETS, get_preset
 
 __all__ = [
@@ -58,5 +64,7 @@ __all__ = [
     "ModelConfig",
     "ModelError",
     "PRESETS",
+    "fused_cross_entropy",
     "get_preset",
+    "next_token_loss",
 ]

@@ -96,20 +96,102 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
 
   Queries are split into blocks of `block` rows; query block i reads keys [0, (i + 1) block)
   only, so about half of the [seq, seq] score matrix is never computed (exact: the skipped
-  scores are all masked). Shapes as dot_product_attention; segment_ids [batch, seq].
+  scores are all masked). Heads are laid out [batch, kv_heads, seq * group, head_dim] (the
+  `group` query heads of one kv head folded into the rows), so every product is a plain
+  batched matmul with no transpose of a score-sized array. The backward pass is written out
+  (custom VJP, the FlashAttention-2 equations, Dao 2023, section 3.1) from the saved
+  probabilities: dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = dS K / sqrt(d),
+  dK = dS^T Q / sqrt(d); nothing else of score size is kept.
+
+  Args:
+    q: [batch, seq, heads, head_dim].
+    k, v: [batch, seq, kv_heads, head_dim] (q head h reads kv head h // (heads // kv_heads)).
+    segment_ids: [batch, seq]; a query reads earlier keys of its own non-zero segment.
+    block: query rows per block.
+  Returns:
+    [batch, seq, heads, head_dim] in q's dtype. Rows with no visible key (padding) get a
+    uniform average (finite), never NaN.
   """
-  seq = q.shape[1]
-  if seq <= block:
-    return dot_product_attention(q, k, v, causal_segment_mask(segment_ids))
-  outs = []
-  for start in range(0, seq, block):
-    end = min(seq, start + block)
-    rows, cols = jnp.arange(start, end), jnp.arange(end)
-    mask = ((cols[None, :] <= rows[:, None])[None]
-            & (segment_ids[:, start:end, None] == segment_ids[:, None, :end])
-            & (segment_ids[:, None, :end] != 0))
-    outs.append(dot_product_attention(q[:, start:end], k[:, :end], v[:, :end], mask))
-  return jnp.concatenate(outs, axis=1)
+  b, t, h, d = q.shape
+  kvh = k.shape[2]
+  g = h // kvh
+  qh = q.reshape(b, t, kvh, g, d).transpose(0, 2, 1, 3, 4)          # [b, kvh, t, g, d]
+  kh = k.transpose(0, 2, 1, 3)                                         # [b, kvh, s, d]
+  vh = v.transpose(0, 2, 1, 3)
+  out = _blocked_attention(qh, kh, vh, segment_ids, min(block, t))
+  return out.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
+
+
+def _block_bounds(t: int, block: int) -> list[tuple[int, int]]:
+  return [(start, min(t, start + block)) for start in range(0, t, block)]
+
+
+def _block_mask(segment_ids: jax.Array, start: int, end: int) -> jax.Array:
+  """[batch, 1, end - start, 1, end] bool: query start + i may read key j (causal, same
+  non-zero segment)."""
+  rows, cols = jnp.arange(start, end), jnp.arange(end)
+  mask = ((cols[None, :] <= rows[:, None])[None]
+          & (segment_ids[:, start:end, None] == segment_ids[:, None, :end])
+          & (segment_ids[:, None, :end] != 0))
+  return mask[:, None, :, None, :]
+
+
+def _block_probs(qh, kh, segment_ids, start, end):
+  """Softmax probabilities of query block [start, end): [b, kvh, rows * g, end] float32."""
+  b, kvh, _, g, d = qh.shape
+  qi = qh[:, :, start:end].reshape(b, kvh, (end - start) * g, d)
+  scores = jnp.einsum("bkmd,bksd->bkms", qi, kh[:, :, :end],
+                      preferred_element_type=jnp.float32) * (d ** -0.5)
+  scores = scores.reshape(b, kvh, end - start, g, end)
+  scores = jnp.where(_block_mask(segment_ids, start, end), scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1)
+  return probs.reshape(b, kvh, (end - start) * g, end)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _blocked_attention(qh, kh, vh, segment_ids, block):
+  return _blocked_attention_fwd(qh, kh, vh, segment_ids, block)[0]
+
+
+def _blocked_attention_fwd(qh, kh, vh, segment_ids, block):
+  b, kvh, t, g, d = qh.shape
+  outs, saved = [], []
+  for start, end in _block_bounds(t, block):
+    probs = _block_probs(qh, kh, segment_ids, start, end)
+    o = jnp.einsum("bkms,bksd->bkmd", probs.astype(vh.dtype), vh[:, :, :end])
+    outs.append(o.reshape(b, kvh, end - start, g, d))
+    saved.append(probs.astype(vh.dtype))
+  out = jnp.concatenate(outs, axis=2)
+  return out, (qh, kh, vh, segment_ids, out, saved)
+
+
+def _blocked_attention_bwd(block, res, dout):
+  qh, kh, vh, segment_ids, out, saved = res
+  b, kvh, t, g, d = qh.shape
+  scale = d ** -0.5
+  dq_blocks = []
+  dk = jnp.zeros(kh.shape, jnp.float32)
+  dv = jnp.zeros(vh.shape, jnp.float32)
+  for (start, end), probs in zip(_block_bounds(t, block), saved):
+    rows = (end - start) * g
+    qi = qh[:, :, start:end].reshape(b, kvh, rows, d)
+    doi = dout[:, :, start:end].reshape(b, kvh, rows, d)
+    oi = out[:, :, start:end].reshape(b, kvh, rows, d)
+    delta = jnp.sum(doi.astype(jnp.float32) * oi.astype(jnp.float32), axis=-1)   # [b,kvh,rows]
+    dp = jnp.einsum("bkmd,bksd->bkms", doi, vh[:, :, :end], preferred_element_type=jnp.float32)
+    ds = (probs.astype(jnp.float32) * (dp - delta[..., None]) * scale).astype(qh.dtype)
+    dq_blocks.append(jnp.einsum("bkms,bksd->bkmd", ds, kh[:, :, :end]).reshape(
+        b, kvh, end - start, g, d))
+    pad = [(0, 0), (0, 0), (0, t - end), (0, 0)]
+    dk = dk + jnp.pad(jnp.einsum("bkms,bkmd->bksd", ds, qi,
+                                 preferred_element_type=jnp.float32), pad)
+    dv = dv + jnp.pad(jnp.einsum("bkms,bkmd->bksd", probs, doi,
+                                 preferred_element_type=jnp.float32), pad)
+  dq = jnp.concatenate(dq_blocks, axis=2)
+  return dq, dk.astype(kh.dtype), dv.astype(vh.dtype), None
+
+
+_blocked_attention.defvjp(_blocked_attention_fwd, _blocked_attention_bwd)
 
 
 class Attention(nnx.Module):

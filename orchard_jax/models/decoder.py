@@ -226,13 +226,18 @@ class CausalLM(nnx.Module):
     h, aux, _ = self.model(input_ids, positions, segment_ids)
     return (h, aux) if return_aux else h
 
+  def head_matrix(self) -> jax.Array:
+    """The LM head as a [hidden, vocab] matrix in the compute dtype (the transposed token
+    embedding when tie_word_embeddings); what `logits` multiplies by."""
+    dt = dtype_of(self.config.dtype)
+    if self.lm_head is None:
+      return self.model.embed_tokens[...].astype(dt).T
+    return self.lm_head[...].astype(dt)
+
   def logits(self, hidden: jax.Array) -> jax.Array:
     """[..., hidden] -> [..., vocab] float32 (LM head, or the tied embedding)."""
     dt = dtype_of(self.config.dtype)
-    if self.lm_head is None:
-      w = self.model.embed_tokens[...].astype(dt).T
-    else:
-      w = self.lm_head[...].astype(dt)
+    w = self.head_matrix()
     out = jnp.einsum("...d,dv->...v", hidden.astype(dt), w, preferred_element_type=jnp.float32)
     if out.ndim == 3:
       out = constrain(out, ("batch", "seq", "act_vocab"))
