@@ -38,7 +38,7 @@ that already hold tokens); see models.cache.
 
 Additions beyond the contract (none of the contract is changed): `hidden_states` takes
 `return_aux` so the trainer gets the load-balancing loss from the same forward; the config's
-`moe_dispatch` ("sort" | "ragged" | "dense"), `moe_capacity_factor`, `moe_dropless`,
+`moe_dispatch` ("sort" | "ragged" | "dense" | "decode"), `moe_capacity_factor`, `moe_dropless`,
 `gdn_chunk_size`, `remat`, `dtype`, `param_dtype` choose how the same math is computed.
 
 Sharding: every parameter carries logical axis names (nnx.Param metadata `logical_axes`);

@@ -112,9 +112,9 @@ class ModelRunner:
   def relayout(self, cache: Any, rows: np.ndarray, batch: int, max_len: int) -> Any:
     """A cache of shape (batch, max_len) whose row i is old row rows[i] (rows[i] < 0: empty).
 
-    Every leaf has the batch on axis 0; attention leaves hold positions on axis 1. Positions
-    beyond a row's length are never read, so cutting or zero-padding axis 1 is safe as long as
-    max_len covers every kept row's length.
+    Every leaf has the batch on axis 0; attention leaves hold positions on axis 2 ([batch,
+    kv_heads, max_len, head_dim]). Positions beyond a row's length are never read, so cutting
+    or zero-padding that axis is safe as long as max_len covers every kept row's length.
     """
     fresh = self.init_cache(batch, max_len)
     take = jnp.asarray(np.where(rows >= 0, rows, 0), dtype=jnp.int32)
