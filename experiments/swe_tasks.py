@@ -9,7 +9,8 @@ from experiments import common
 
 
 def get_config(preset="default"):
-  del preset
+  if preset != "default" and preset not in common.SWE_PRESETS:   # one task set for every preset
+    raise ValueError(f"preset {preset!r} is not 'default' or one of {common.SWE_PRESETS}")
   config = ml_collections.ConfigDict()
   config.job = "swe.build_tasks"
   config.tasks = common.swe_tasks()
