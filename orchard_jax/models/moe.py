@@ -162,6 +162,24 @@ def sort_dispatch(x: jax.Array, weights: jax.Array, indices: jax.Array, valid: j
   return jnp.einsum("bskd,bsk->bsd", y, w), dropped
 
 
+
+def _sort_by_expert(indices: jax.Array, valid: jax.Array, num_experts: int
+                    ) -> tuple[jax.Array, jax.Array]:
+  """Orders a batch's assignments by expert.
+
+  Args:
+    indices: [batch, seq, k] routed expert ids.
+    valid: [batch, seq] bool; padding tokens' assignments sort last and are not counted.
+    num_experts: E.
+  Returns:
+    order [batch * seq * k] (stable argsort of the flattened assignments by expert) and
+    counts [E] int32 (assignments per expert, padding excluded).
+  """
+  flat = jnp.where(valid[:, :, None], indices, num_experts).reshape(-1)
+  order = jnp.argsort(flat, stable=True)
+  counts = jnp.sum(jax.nn.one_hot(flat, num_experts + 1, dtype=jnp.int32), axis=0)[:num_experts]
+  return order, counts
+
 def blocked_dispatch(x: jax.Array, weights: jax.Array, indices: jax.Array, valid: jax.Array,
                      w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, *,
                      block: int) -> jax.Array:
@@ -177,9 +195,7 @@ def blocked_dispatch(x: jax.Array, weights: jax.Array, indices: jax.Array, valid
   k = indices.shape[-1]
   e = w_gate.shape[0]
   n = b * s * k
-  flat = jnp.where(valid[:, :, None], indices, e).reshape(n)
-  order = jnp.argsort(flat, stable=True)
-  counts = jnp.sum(jax.nn.one_hot(flat, e + 1, dtype=jnp.int32), axis=0)[:e]
+  order, counts = _sort_by_expert(indices, valid, e)
   starts = jnp.cumsum(counts) - counts
   padded = (counts + block - 1) // block * block
   padded_end = jnp.cumsum(padded)
@@ -221,9 +237,7 @@ def ragged_dispatch(x: jax.Array, weights: jax.Array, indices: jax.Array, valid:
   k = indices.shape[-1]
   e = w_gate.shape[0]
   n = b * s * k
-  flat = jnp.where(valid[:, :, None], indices, e).reshape(n)
-  order = jnp.argsort(flat, stable=True)
-  group_sizes = jnp.sum(jax.nn.one_hot(flat, e + 1, dtype=jnp.int32), axis=0)[:e]
+  order, group_sizes = _sort_by_expert(indices, valid, e)
   rows = jnp.take(x.reshape(b * s, d), order // k, axis=0)
   real = (jnp.arange(n) < jnp.sum(group_sizes))[:, None]
   rows = rows * real.astype(rows.dtype)
