@@ -236,6 +236,17 @@ class _ClientBase:
                           status_code=status) from e
 
 
+
+def _weights_body(model_path: str, load_format: Optional[str], weight_version: Optional[str],
+                  fields: dict) -> dict:
+  """The /update_weights_from_disk request body (unset optional fields left out)."""
+  body = {"model_path": model_path, **fields}
+  if load_format is not None:
+    body["load_format"] = load_format
+  if weight_version is not None:
+    body["weight_version"] = weight_version
+  return body
+
 class SGLangClient(_ClientBase):
   """Synchronous client for SGLang's native API over one or more servers.
 
@@ -386,11 +397,7 @@ class SGLangClient(_ClientBase):
     Raises:
       UpstreamError: a server answered success=false or failed.
     """
-    body = {"model_path": model_path, **fields}
-    if load_format is not None:
-      body["load_format"] = load_format
-    if weight_version is not None:
-      body["weight_version"] = weight_version
+    body = _weights_body(model_path, load_format, weight_version, fields)
     out = []
     for url in self._router.urls:
       response = UpdateWeightsFromDiskResponse.model_validate(
@@ -502,11 +509,7 @@ class AsyncSGLangClient(_ClientBase):
                                      weight_version: Optional[str] = None,
                                      **fields: Any) -> list[UpdateWeightsFromDiskResponse]:
     """See `SGLangClient.update_weights_from_disk`."""
-    body = {"model_path": model_path, **fields}
-    if load_format is not None:
-      body["load_format"] = load_format
-    if weight_version is not None:
-      body["weight_version"] = weight_version
+    body = _weights_body(model_path, load_format, weight_version, fields)
     out = []
     for url in self._router.urls:
       response = UpdateWeightsFromDiskResponse.model_validate(
