@@ -19,6 +19,13 @@ all of them). Timing: `warmup` untimed steps, then the median of `repeats` steps
 seconds per step (all threads): the work done, which stays meaningful when other jobs share
 the cores and wall-clock ratios are only provisional. orchard_jax's step is one jitted function computing the loss and
 the gradients of all parameters (the first call, compilation, is excluded like warm-ups).
+
+Roofline rows: the same run measures this machine's float32 matmul peak (the best of JAX and
+torch on a 2048^3 matmul, same threads) and divides it by the case's model FLOPs per token
+(`model_flops_per_token`: 6 x matmul parameters active per token + causal attention and Gated
+DeltaNet terms, the PaLM paper's MFU convention, appendix B): the throughput no implementation
+can exceed in float32 here. Its ratio to transformers is the largest ratio reachable on this
+machine; each side's achieved model TFLOP/s (MFU numerator) is printed beside it.
 """
 import json
 import os
@@ -45,6 +52,7 @@ def run() -> list[common.Row]:
   import transformers
   baseline = f"transformers {transformers.__version__} (torch, {THREADS} threads, fp32)"
   rows = []
+  peak = _subprocess("peak", "", 0, 0, 0, 0)["flops_per_s"]
   for preset, arch, batch, seq, warmup, repeats, target in CASES:
     ours = _subprocess("ours", preset, batch, seq, warmup, repeats)
     theirs = _subprocess("transformers", preset, batch, seq, warmup, repeats)
@@ -58,7 +66,49 @@ def run() -> list[common.Row]:
     rows.append(common.Row(case=case, metric="CPU s/step", ours=ours["cpu_s_per_step"],
                            baseline=theirs["cpu_s_per_step"], baseline_name=baseline,
                            higher_is_better=False))
+    flops = model_flops_per_token(_config(preset), seq)
+    rows.append(common.Row(case=case, metric="model TFLOP/s", ours=ours["tokens_per_s"] * flops
+                           / 1e12, baseline=theirs["tokens_per_s"] * flops / 1e12,
+                           baseline_name=baseline))
+    rows.append(common.Row(case=case, metric=f"tokens/s at fp32 peak ({peak / 1e9:.0f} GF/s)",
+                           ours=peak / flops, baseline=theirs["tokens_per_s"],
+                           baseline_name=baseline + " (achieved)"))
   return rows
+
+
+def model_flops_per_token(config, seq: int) -> float:
+  """Model FLOPs of one training token (forward + backward), float multiply-adds x 2.
+
+  6 x (matmul parameters active per token: every non-embedding weight, top-k of the routed
+  experts, and the LM head) + per full-attention layer 6 x seq x heads x head_dim (QK^T and PV
+  over a causal window of seq/2 on average, forward 2 matmuls x 2 FLOPs, backward twice that)
+  + per Gated DeltaNet layer 6 x value heads x (2 x k_dim x v_dim + 64 x (k_dim + v_dim)) (state
+  read and update, and the intra-chunk terms of a 64-token chunk). Recomputation (remat) is not
+  counted: MFU convention of the PaLM paper, appendix B.
+
+  Args:
+    config: models.ModelConfig.
+    seq: tokens per sequence.
+  """
+  from orchard_jax.models import params
+  counts = params.count_params(config)
+  lookup = 0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size
+  flops = 6.0 * (counts.active - lookup)
+  layer_types = config.layer_types or ("full_attention",) * config.num_hidden_layers
+  for kind in layer_types:
+    if kind == "full_attention":
+      flops += 6.0 * seq * config.num_attention_heads * config.head_dim
+    else:
+      k, v = config.linear_key_head_dim, config.linear_value_head_dim
+      flops += 6.0 * config.linear_num_value_heads * (2 * k * v + 64 * (k + v))
+  return flops
+
+
+def _config(preset: str):
+  import dataclasses
+
+  from orchard_jax import models
+  return dataclasses.replace(models.get_preset(preset), dtype="float32", param_dtype="float32")
 
 
 def _subprocess(side: str, preset: str, batch: int, seq: int, warmup: int,
@@ -106,16 +156,31 @@ def _time(step, warmup: int, repeats: int) -> tuple[float, float]:
   return common.median(walls), common.median(cpus)
 
 
-def _worker_ours(preset: str, batch: int, seq: int, warmup: int, repeats: int) -> dict:
-  import dataclasses
+def _worker_peak(*_) -> dict:
+  """The float32 matmul peak of this machine, FLOP/s: best of JAX and torch, THREADS threads."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import torch
+  torch.set_num_threads(THREADS)
+  n = 2048
+  a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+  ta = torch.from_numpy(a)
+  ja = jnp.asarray(a)
+  matmul = jax.jit(lambda x: x @ x)
+  seconds = min(min(common.time_calls(lambda: ta @ ta, warmup=2, repeats=8)),
+                min(common.time_calls(lambda: matmul(ja).block_until_ready(), warmup=2,
+                                      repeats=8)))
+  return {"flops_per_s": 2 * n ** 3 / seconds}
 
+
+def _worker_ours(preset: str, batch: int, seq: int, warmup: int, repeats: int) -> dict:
   import jax
   import jax.numpy as jnp
   from flax import nnx
 
   from orchard_jax import models
-  config = dataclasses.replace(models.get_preset(preset), dtype="float32",
-                               param_dtype="float32")
+  config = _config(preset)
   model = models.CausalLM(config, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model)
   ids = jnp.asarray(_batch(config.vocab_size, batch, seq))
@@ -159,6 +224,7 @@ def _worker_transformers(preset: str, batch: int, seq: int, warmup: int, repeats
 
 if __name__ == "__main__":
   side, preset, batch, seq, warmup, repeats = sys.argv[1:7]
-  worker = _worker_ours if side == "ours" else _worker_transformers
+  worker = {"ours": _worker_ours, "transformers": _worker_transformers,
+            "peak": _worker_peak}[side]
   result = worker(preset, int(batch), int(seq), int(warmup), int(repeats))
   print(json.dumps(result))
