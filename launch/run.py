@@ -5,11 +5,13 @@ Any config field can be overridden from the command line, e.g.
 The config's `job` field names the recipe to run (see orchard_jax.recipes.JOBS).
 """
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
@@ -34,5 +36,29 @@ def main(argv):
   recipes.run_job(config)
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a clear error for a --config.FIELD override the config lacks.
+
+  ml_collections raises a bare AttributeError/KeyError naming only the missing key while the
+  flags are parsed; this turns it into a usage error that names the override and the fix.
+  """
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:                   # e.g. --config.rl.lr=abc
+    sys.stderr.write(f"error: {e}\n")
+    sys.exit(2)
+  except (AttributeError, KeyError) as e:
+    overrides = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
+    message = str(e.args[0] if e.args else e).replace("\\n", "\n").replace("\\'", "'")
+    names = re.findall(r"'([A-Za-z_][A-Za-z0-9_]*)'", message)
+    key = names[0] if names else message
+    culprit = [o for o in overrides if o.split(".")[-1] == key] or overrides
+    hint = re.search(r"Did you mean [^\n]*\?", message)
+    sys.stderr.write(f"error: unknown config field {key!r} in {', '.join(culprit)}: an override "
+                     "must name a field the config file defines (the config is locked)."
+                     + (f" {hint.group(0)}" if hint else "") + "\n")
+    sys.exit(2)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

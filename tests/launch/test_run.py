@@ -28,8 +28,21 @@ def _write_config(tmp_path, job):
 
 def test_unknown_field_override_is_a_clear_error(tmp_path):
   result = _run(["--config", _write_config(tmp_path, "nope"), "--config.rl.not_a_field=3"])
-  assert result.returncode != 0
-  assert "not_a_field" in result.stderr
+  assert result.returncode == 2
+  assert ("unknown config field 'not_a_field' in --config.rl.not_a_field" in result.stderr)
+  assert "Traceback" not in result.stderr
+
+
+def test_misspelt_field_suggests_the_right_one(tmp_path):
+  result = _run(["--config", _write_config(tmp_path, "nope"), "--config.rl.lrr=3e-6"])
+  assert result.returncode == 2
+  assert "unknown config field 'lrr'" in result.stderr and '"lr"' in result.stderr
+
+
+def test_badly_typed_override_names_the_flag_and_value(tmp_path):
+  result = _run(["--config", _write_config(tmp_path, "nope"), "--config.rl.lr=abc"])
+  assert result.returncode == 2
+  assert "--config.rl.lr=abc" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_unknown_job_names_the_known_jobs(tmp_path):
