@@ -66,6 +66,11 @@ SGLANG_GENERATE_FIELDS = frozenset({
   *_UNSUPPORTED_GENERATE, *_IGNORED_GENERATE})
 
 
+# OpenAI-style names a /generate caller may send by mistake -> SGLang's native field.
+_OPENAI_NAMES = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens",
+                 "seed": "sampling_seed"}
+
+
 def _refuse_unsupported(values: Any, unsupported: dict[str, Any], what: str) -> Any:
   if not isinstance(values, dict):
     return values
@@ -118,6 +123,9 @@ class SamplingParams(BaseModel):
       values = {k: v for k, v in values.items()
                 if not (v is None and k in ("temperature", "top_p", "top_k", "min_p",
                                             "ignore_eos", "skip_special_tokens", "no_stop_trim"))}
+      for key in sorted(set(values) & set(_OPENAI_NAMES)):
+        raise ValueError(f"sampling_params has {key!r}, the OpenAI API's name; SGLang's "
+                         f"/generate calls it {_OPENAI_NAMES[key]!r}")
     return _refuse_unsupported(values, _UNSUPPORTED_SAMPLING, "sampling_params")
 
   @pydantic.field_validator("top_k")

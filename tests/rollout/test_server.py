@@ -68,6 +68,7 @@ def test_generate_raw_http_shape_and_errors(server):
   bad = httpx.post(server.url + "/generate",
                    json={"input_ids": [1], "sampling_params": {"max_tokens": 3}})
   assert bad.status_code == 400 and "max_tokens" in bad.json()["message"]
+  assert "max_new_tokens" in bad.json()["message"]        # names the field SGLang uses
   bad = httpx.post(server.url + "/generate",
                    json={"input_ids": [1], "sampling_params": {"frequency_penalty": 0.5}})
   assert bad.status_code == 400 and "not implemented" in bad.json()["message"]
