@@ -30,6 +30,7 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import k8s  # noqa: E402
+from launch import overrides  # noqa: E402
 from launch.k8s import client as kube  # noqa: E402
 from launch.k8s import common  # noqa: E402
 
@@ -305,6 +306,19 @@ def experiment_override(text: str) -> str:
   return f"--config.{field}={value}"
 
 
+def check_overrides(experiment: str, args: list[str]) -> None:
+  """Checks `--config.FIELD=VALUE` args against the experiment's config before submitting.
+
+  Raises:
+    app.UsageError: the experiment has no such field, or the value does not parse.
+  """
+  pairs = [tuple(a.removeprefix("--config.").split("=", 1)) for a in args]
+  try:
+    overrides.check(overrides.load_experiment(experiment), pairs, flag="--set")
+  except overrides.OverrideError as e:
+    raise app.UsageError(str(e)) from None
+
+
 # --- main -------------------------------------------------------------------------------
 
 
@@ -319,6 +333,8 @@ def main(argv):
     raise app.UsageError("--set is for `train` (experiment overrides of the training Job)")
   extra = [experiment_override(text) for text in _SET.value]
   config = _CONFIG.value
+  if extra:
+    check_overrides(config.training.experiment, extra)
   try:
     if _DRY_RUN.value:
       if command == "train":

@@ -15,6 +15,8 @@ from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from launch import overrides  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file: experiments/NAME.py[:preset].", lock_config=True)
 
@@ -48,15 +50,14 @@ def parse_flags(argv: list[str]) -> list[str]:
     sys.stderr.write(f"error: {e}\n")
     sys.exit(2)
   except (AttributeError, KeyError) as e:
-    overrides = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
+    given = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
     message = str(e.args[0] if e.args else e).replace("\\n", "\n").replace("\\'", "'")
     names = re.findall(r"'([A-Za-z_][A-Za-z0-9_]*)'", message)
     key = names[0] if names else message
-    culprit = [o for o in overrides if o.split(".")[-1] == key] or overrides
-    hint = re.search(r"Did you mean [^\n]*\?", message)
+    culprit = [o for o in given if o.split(".")[-1] == key] or given
     sys.stderr.write(f"error: unknown config field {key!r} in {', '.join(culprit)}: an override "
                      "must name a field the config file defines (the config is locked)."
-                     + (f" {hint.group(0)}" if hint else "") + "\n")
+                     + overrides.missing_field_hint(e) + "\n")
     sys.exit(2)
 
 

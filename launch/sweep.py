@@ -33,7 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
-from ml_collections.config_flags import config_path  # noqa: E402
+
+from launch import overrides  # noqa: E402
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CONFIG = config_flags.DEFINE_config_file(
@@ -92,31 +93,10 @@ def check_point(config, point: list[tuple[str, str]]) -> None:
   Raises:
     SweepError: a field the config does not have, or a value its type cannot parse.
   """
-  trial = config.copy_and_resolve_references()
-  for field, text in point:
-    try:
-      current = config_path.get_value(field, trial)
-    except (KeyError, AttributeError, IndexError) as e:
-      raise SweepError(f"--sweep {field}: the config has no such field ({e})") from None
-    try:
-      config_path.set_value(field, trial, _parse_like(current, text))
-    except (TypeError, ValueError) as e:
-      raise SweepError(f"--sweep {field}={text}: {e}") from None
-
-
-def _parse_like(current, text: str):
-  if isinstance(current, bool):
-    lowered = text.lower()
-    if lowered not in ("true", "false", "1", "0"):
-      raise ValueError(f"expected true or false for a bool field; saw {text!r}")
-    return lowered in ("true", "1")
-  if isinstance(current, int):
-    return int(text)
-  if isinstance(current, float):
-    return float(text)
-  if current is None or isinstance(current, str):
-    return text
-  raise TypeError(f"sweeping a field of type {type(current).__name__} is not supported")
+  try:
+    overrides.check(config, point, flag="--sweep")
+  except overrides.OverrideError as e:
+    raise SweepError(str(e)) from None
 
 
 def fixed_overrides(argv: list[str]) -> list[str]:

@@ -173,3 +173,16 @@ def test_cli_reports_an_unreachable_cluster_clearly(tmp_path, fake_kube):
   assert result.returncode != 0
   assert "Traceback" not in result.stderr, result.stderr[-2000:]
   assert "fleet status failed" in result.stderr
+
+
+def test_train_set_is_checked_against_the_experiment_before_anything_is_submitted(
+    fake_kube, tmp_path):
+  kubeconfig = fake_kube.kubeconfig(tmp_path / "kubeconfig")
+  result = _cli("train", "--job-name", "typo", "--set", "rl.rpr_alfa=0.25",
+                kubeconfig=kubeconfig)
+  assert result.returncode != 0
+  assert "--set rl.rpr_alfa: the config has no such field" in result.stderr
+  assert "rpr_alpha" in result.stderr                              # ml_collections' suggestion
+  result = _cli("train", "--job-name", "typo", "--set", "rl.lr=fast", kubeconfig=kubeconfig)
+  assert result.returncode != 0 and "--set rl.lr=fast" in result.stderr
+  assert fake_kube.objects == {}                                   # nothing was created
