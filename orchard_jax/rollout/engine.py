@@ -8,6 +8,21 @@ and length limits on the host and completes the requests that finished. Batch ro
 chunk and cache length are padded to buckets (`EngineConfig`), so a served mix of requests
 compiles a handful of programs once (`compile_count`).
 
+Prefix cache (`EngineConfig.prefix_cache`, on by default), the engine's form of SGLang's
+RadixAttention / vLLM's automatic prefix caching, fitted to cache rows that are request slots:
+when a request finishes, its row stays resident with the tokens it fed through the model
+(prompt + output[:-1]). A new request takes the resident row whose tokens share the longest
+prefix with its input_ids and prefills only the rest, so an agent's multi-turn session (each
+prompt = previous prompt + output + a new suffix) re-prefills only the suffix. Attention-only
+models reuse any shared prefix (positions beyond it are masked by the row's length and
+overwritten); models with a recurrent state (Gated DeltaNet hybrids) reuse a row only when all
+of its tokens are a prefix of the new prompt, since that state cannot be rolled back (decode
+freezes a row on its stop id inside the compiled call, so the state is exactly that of the kept
+tokens). Resident rows never take a row a new request needs (least recently used evicted
+first) and never make the cache grow; while some are held the cache keeps its shape instead of
+shrinking. A weight update or `flush_cache()` drops them all. meta_info.cached_tokens reports
+the reused prompt tokens per request (SGLang's field); `prefix_cache_stats` the totals.
+
 Output per request is SGLang's `/generate` result (protocol.GenerateResponse): text, output ids
 and meta_info with finish_reason and, when asked, per-token log-probs of the sampled tokens
 (raw model distribution in float32, see sampling.py) and of the prompt tokens (scoring).
@@ -62,6 +77,9 @@ class EngineConfig:
       for more to batch them.
     seed: seed of the engine's draw of per-request seeds (requests without sampling_seed);
       None draws from the OS.
+    prefix_cache: keep finished requests' rows resident and reuse the longest shared prompt
+      prefix (module docstring). Outputs equal the cache-off engine's up to float rounding of
+      a different prefill chunking. False frees a row when its request finishes.
     decode_moe_dispatch: MoE dispatch for decode steps ("decode", "dense", "sort",
       "ragged"; ModelConfig.moe_dispatch), None to keep the model's, or "auto": "decode" on
       CPU for dropless models (one token per row: gathered top-k expert weights, or all
@@ -76,6 +94,7 @@ class EngineConfig:
   decode_steps: int = 16
   admission_wait_s: float = 0.002
   seed: Optional[int] = None
+  prefix_cache: bool = True
   decode_moe_dispatch: Optional[str] = "auto"
 
   def __post_init__(self):
@@ -119,6 +138,8 @@ class _Sequence:
   finish: Optional[FinishReason] = None
   stop_text_checked: int = 0
   weight_version: str = ""
+  cached_tokens: int = 0
+  epoch: int = 0
 
   @property
   def params(self) -> SamplingParams:
@@ -127,6 +148,13 @@ class _Sequence:
   @property
   def top_k_num(self) -> int:
     return self.request.top_logprobs_num if self.request.return_logprob else 0
+
+
+@dataclasses.dataclass(eq=False)
+class _Resident:
+  """A cache row kept after its request finished: the tokens its state holds."""
+  tokens: np.ndarray
+  last_used: int
 
 
 class Engine:
@@ -155,6 +183,12 @@ class Engine:
       queue.Queue())
     self._rng = np.random.default_rng(config.seed)
     self._slots: list[Optional[_Sequence]] = []
+    self._resident: list[Optional[_Resident]] = []    # parallel to _slots
+    self._recurrent = _has_recurrent_state(self.model_config)
+    self._epoch = 0                                      # bumped by every weight update
+    self._clock = 0                                      # LRU order of resident rows
+    self._stats = dict(requests=0, hits=0, prompt_tokens=0, cached_tokens=0, evictions=0,
+                       invalidations=0)
     self._cache = None
     self._cache_len = 0
     self._thread: Optional[threading.Thread] = None
@@ -196,6 +230,19 @@ class Engine:
   def compile_count(self) -> int:
     """Compilations (traces) of the engine's jitted functions so far."""
     return self.runner.compile_count
+
+  @property
+  def prefix_cache_stats(self) -> dict[str, int]:
+    """Prefix cache totals since start: requests admitted, hits (requests that reused a
+    prefix), prompt_tokens and cached_tokens (of which reused) of admitted requests, evictions
+    (resident rows given to other requests or dropped on a re-layout), invalidations (resident
+    rows dropped by weight updates and flush_cache), resident_rows now."""
+    return dict(self._stats, resident_rows=sum(r is not None for r in self._resident))
+
+  def flush_cache(self, timeout_s: Optional[float] = 60.0) -> int:
+    """Drop every resident row of the prefix cache (SGLang's /flush_cache); returns how many.
+    Running requests are not affected."""
+    return self._run_control(self._drop_residents, timeout_s)
 
   # ----------------------------------------------------------------- requests
 
@@ -281,6 +328,8 @@ class Engine:
 
     def apply():
       self.runner.swap_params(params)
+      self._drop_residents()    # their states were computed with the old weights
+      self._epoch += 1          # rows running now mix both: not kept when they finish
       self.weight_version = weight_version if weight_version is not None else _next_version(
         self.weight_version)
 
@@ -320,6 +369,7 @@ class Engine:
       "max_batch_size": self.config.max_batch_size, "max_seq_len": self.config.max_seq_len,
       "running_requests": sum(s is not None for s in self._slots),
       "queued_requests": self._queue.qsize(),
+      "prefix_cache": dict(self.prefix_cache_stats, enabled=self.config.prefix_cache),
     }
 
   # ----------------------------------------------------------------- the loop
@@ -342,6 +392,7 @@ class Engine:
         self._fail_running(EngineError(f"engine step failed: {type(e).__name__}: {e}"))
         self._cache = None
         self._slots = []
+        self._resident = []
 
   def _apply_control(self) -> None:
     while True:
@@ -375,36 +426,123 @@ class Engine:
       if seq.future.cancelled():
         continue
       seq.weight_version = self.weight_version
+      seq.epoch = self._epoch
       new.append(seq)
-    self._layout(running + new)
+    self._layout(running, new)
     return new
 
-  def _layout(self, sequences: list[_Sequence]) -> None:
-    """Place `sequences` in rows 0..n-1 of a cache sized for them (re-laid out if needed)."""
+  def _layout(self, running: list[_Sequence], new: list[_Sequence]) -> None:
+    """Give every request a row of a cache sized for them (re-laid out if needed).
+
+    A new request takes the resident row sharing its longest prefix (then prefills from
+    there), else a free row, else the least recently used resident row. Resident rows hold
+    the cache's current shape (it does not shrink under them) but never make it grow.
+    """
+    residents = {r: res for r, res in enumerate(self._resident) if res is not None}
+    held = self._cache is not None and bool(residents)
+    matches: dict[int, tuple[int, int]] = {}    # id(seq) -> (row, tokens reused)
+    for seq in new:
+      row, length = self._match(seq, residents)
+      seq.cached_tokens = seq.prefilled = length
+      self._stats["requests"] += 1
+      self._stats["prompt_tokens"] += int(seq.prompt.size)
+      if length:
+        matches[id(seq)] = (row, length)
+        del residents[row]
+        self._stats["hits"] += 1
+        self._stats["cached_tokens"] += length
+    sequences = running + new
     n = len(sequences)
     batch = bucket(max(n, 1), self.config.batch_buckets)
     need = max([int(s.prompt.size) + s.max_new for s in sequences] or [1])
     cache_len = bucket(need, self.config.cache_buckets) or self.config.max_seq_len
-    old_rows = {id(s): i for i, s in enumerate(self._slots) if s is not None}
+    if held:
+      batch, cache_len = max(batch, len(self._slots)), max(cache_len, self._cache_len)
+    keep = np.full(batch, _KEEP_ALL, np.int64)   # tokens each row keeps (0: emptied)
     if self._cache is not None and len(self._slots) == batch and cache_len == self._cache_len:
-      # Same shapes: new requests take free rows, which are emptied in place.
-      fresh = np.zeros(batch, bool)
-      free = [r for r, s in enumerate(self._slots) if s is None]
-      for seq in sequences:
-        if id(seq) not in old_rows:
-          row = free.pop(0)
-          self._slots[row] = seq
-          fresh[row] = True
-      if fresh.any():
-        self._cache = self.runner.reset_rows(self._cache, fresh)
+      # Same shapes: matched requests take their rows, the others free or evicted ones.
+      free = [r for r in range(batch) if self._slots[r] is None and self._resident[r] is None]
+      for seq in new:
+        if id(seq) in matches:
+          row, keep_len = matches[id(seq)]
+        else:
+          if not free:
+            free.append(self._evict_lru(residents))
+          row, keep_len = free.pop(0), 0
+        self._resident[row] = None
+        self._slots[row] = seq
+        keep[row] = keep_len
+      if (keep < _KEEP_ALL).any():
+        self._cache = self.runner.truncate_rows(self._cache, keep)
       return
-    rows = np.array([old_rows.get(id(s), -1) for s in sequences] + [-1] * (batch - n))
-    if self._cache is None or not old_rows:
+    old_rows = {id(s): i for i, s in enumerate(self._slots) if s is not None}
+    rows = [old_rows.get(id(s), matches.get(id(s), (-1, 0))[0]) for s in sequences]
+    for i, seq in enumerate(new, start=len(running)):
+      if id(seq) in matches:
+        keep[i] = matches[id(seq)][1]
+    kept = sorted(residents, key=lambda r: -residents[r].last_used)[:batch - n]
+    for row in set(residents) - set(kept):
+      self._evict(residents, row)
+    kept_residents = [self._resident[r] for r in kept]
+    rows = np.array(rows + kept + [-1] * (batch - n - len(kept)))
+    if self._cache is None or not (rows >= 0).any():
       self._cache = self.runner.init_cache(batch, cache_len)
     else:
       self._cache = self.runner.relayout(self._cache, rows, batch, cache_len)
+      if (keep < _KEEP_ALL).any():
+        self._cache = self.runner.truncate_rows(self._cache, keep)
     self._cache_len = cache_len
     self._slots = list(sequences) + [None] * (batch - n)
+    self._resident = [None] * n + kept_residents + [None] * (batch - n - len(kept))
+
+  def _match(self, seq: _Sequence, residents: dict[int, _Resident]) -> tuple[int, int]:
+    """(row, tokens) of the resident row sharing the longest usable prefix with seq's prompt.
+
+    At least one prompt token is always prefilled (its logits give the first output token),
+    and prompt log-probs from logprob_start_len on are computed, not reused (as SGLang does).
+    A row with a recurrent state is usable only when all its tokens are a prefix.
+    """
+    if not self.config.prefix_cache or not residents:
+      return -1, 0
+    limit = int(seq.prompt.size) - 1
+    if seq.request.return_logprob and seq.request.logprob_start_len >= 0:
+      limit = min(limit, max(seq.request.logprob_start_len - 1, 0))
+    best = (-1, 0, -1)   # row, length, last_used
+    for row, res in residents.items():
+      length = _common_prefix(res.tokens, seq.prompt, limit)
+      if self._recurrent and length < res.tokens.size:
+        length = 0
+      if (length, res.last_used) > best[1:]:
+        best = (row, length, res.last_used)
+    return best[0], best[1]
+
+  def _evict_lru(self, residents: dict[int, _Resident]) -> int:
+    row = min(residents, key=lambda r: residents[r].last_used)
+    self._evict(residents, row)
+    return row
+
+  def _evict(self, residents: dict[int, _Resident], row: int) -> None:
+    del residents[row]
+    self._resident[row] = None
+    self._stats["evictions"] += 1
+
+  def _drop_residents(self) -> int:
+    dropped = sum(r is not None for r in self._resident)
+    self._resident = [None] * len(self._resident)
+    self._stats["invalidations"] += dropped
+    return dropped
+
+  def _retain(self, s: _Sequence, device_len: int) -> Optional[_Resident]:
+    """The resident record of s's row once s finished, or None when it cannot be reused."""
+    if not self.config.prefix_cache or s.epoch != self._epoch:
+      return None
+    fed = np.concatenate([s.prompt, np.asarray(s.output_ids[:-1], np.int64)])
+    # The device may have fed more (a stop string is found on the host after the call): an
+    # attention row keeps the host's prefix, a recurrent state is only valid at its exact end.
+    if device_len < fed.size or (self._recurrent and device_len != fed.size):
+      return None
+    self._clock += 1
+    return _Resident(tokens=fed, last_used=self._clock)
 
   def _prefill(self, admitted: list[_Sequence]) -> None:
     batch = len(self._slots)
@@ -525,10 +663,15 @@ class Engine:
       active.append(s)
     arrays = self._sampling_arrays()
     top_k_num = _top_bucket(max(s.top_k_num for s in active))
+    width = max(len(s.stop_ids) for s in active)
+    stop_ids = np.full((n, bucket(width, (4, 16, 64)) or width), -1, np.int32)
+    for r, s in enumerate(self._slots):
+      if s in active and s.stop_ids:
+        stop_ids[r, :len(s.stop_ids)] = sorted(s.stop_ids)
     self._cache, out = self.runner.decode(
       self._cache, tokens, positions, remaining, arrays["seeds"], arrays["temperature"],
       arrays["top_k"], arrays["top_p"], arrays["min_p"], num_steps=self.config.decode_steps,
-      mode=_mode(active), top_k_num=top_k_num)
+      mode=_mode(active), top_k_num=top_k_num, stop_ids=stop_ids)
     toks = np.asarray(out["tokens"])
     lps = np.asarray(out["logprobs"])
     tops = (np.asarray(out["top_values"]), np.asarray(out["top_ids"])) if top_k_num else None
@@ -584,11 +727,17 @@ class Engine:
     return True
 
   def _finish_done(self) -> None:
+    lengths = None
+    if self.config.prefix_cache and any(s is not None and s.finish is not None
+                                        for s in self._slots):
+      lengths = np.asarray(self._cache.lengths)
     for r, s in enumerate(self._slots):
       if s is None:
         continue
       if s.finish is not None:
         self._slots[r] = None
+        if lengths is not None:
+          self._resident[r] = self._retain(s, int(lengths[r]))
         self.num_requests_served += 1
         if not s.future.cancelled():
           s.future.set_result(self._response(s))
@@ -617,7 +766,8 @@ class Engine:
 
     meta = MetaInfo(
       id=s.rid, finish_reason=s.finish, prompt_tokens=int(s.prompt.size),
-      completion_tokens=len(s.output_ids), cached_tokens=0, weight_version=s.weight_version,
+      completion_tokens=len(s.output_ids), cached_tokens=s.cached_tokens,
+      weight_version=s.weight_version,
       e2e_latency=time.perf_counter() - s.submitted_at)
     if req.return_logprob:
       meta.output_token_logprobs = entries(s.output_ids, s.output_logprobs)
@@ -641,6 +791,7 @@ class Engine:
   def _fail_all(self, error: Exception) -> None:
     self._fail_running(error)
     self._slots = []
+    self._resident = []
     self._cache = None
     while True:
       try:
@@ -649,6 +800,25 @@ class Engine:
         break
       if not seq.future.done():
         seq.future.set_exception(error)
+
+
+_KEEP_ALL = np.iinfo(np.int32).max   # truncate_rows: leave the row as it is
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
+  """Length of the common prefix of a and b, at most limit."""
+  m = max(min(a.size, b.size, limit), 0)
+  differ = np.flatnonzero(a[:m] != b[:m])
+  return int(differ[0]) if differ.size else m
+
+
+def _has_recurrent_state(model_config: Any) -> bool:
+  """True unless the model is known to be attention-only (no Gated DeltaNet layer)."""
+  layer_type = getattr(model_config, "layer_type", None)
+  if model_config is None or not callable(layer_type):
+    return True
+  return any(layer_type(i) == "linear_attention"
+             for i in range(model_config.num_hidden_layers))
 
 
 def _mode(sequences: Sequence[_Sequence]) -> SamplingMode:

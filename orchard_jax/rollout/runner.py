@@ -5,7 +5,8 @@
                                            the log-prob of every next prompt token and the
                                            logits at each row's last prompt position;
   decode(state, cache, ...)                `num_steps` one-token steps in a lax.scan, sampling
-                                           inside (see sampling.py), for every active row;
+                                           inside (see sampling.py), for every active row (a
+                                           row that samples a stop id freezes);
   sample(logits [B, V], ...)               the first output token after a prefill.
 Shapes come from a small set of buckets chosen by the engine (batch rows, prefill chunk, cache
 length), so serving compiles once per bucket, never per request. `compile_count` counts traces
@@ -66,6 +67,7 @@ class ModelRunner:
                            donate_argnums=(1,))
     self._sample = jax.jit(self._sample_impl, static_argnames=("mode", "top_k_num"))
     self._reset = jax.jit(self._reset_impl, donate_argnums=(0,))
+    self._truncate = jax.jit(self._truncate_impl, donate_argnums=(0,))
 
   # ------------------------------------------------------------------ weights
 
@@ -109,6 +111,18 @@ class ModelRunner:
     """Empty the rows where `rows` [batch] bool is True, in place of a new request."""
     return self._reset(cache, jnp.asarray(rows))
 
+  def truncate_rows(self, cache: Any, keep: np.ndarray) -> Any:
+    """Shorten each row b to its first keep[b] tokens (prefix cache reuse).
+
+    Args:
+      keep: [batch] int; a row keeps min(keep[b], its length) tokens, so a large value leaves
+        it unchanged and 0 empties it (DeltaNet state zeroed, as reset_rows). Attention entries
+        beyond the new length stay in place but are never read (masked by `lengths`) and are
+        overwritten by the row's next tokens. A recurrent (DeltaNet) state cannot be rolled
+        back: the caller keeps such a row whole or empties it.
+    """
+    return self._truncate(cache, jnp.asarray(keep, dtype=jnp.int32))
+
   def relayout(self, cache: Any, rows: np.ndarray, batch: int, max_len: int) -> Any:
     """A cache of shape (batch, max_len) whose row i is old row rows[i] (rows[i] < 0: empty).
 
@@ -138,6 +152,11 @@ class ModelRunner:
   def _reset_impl(self, cache, rows):
     self._count_trace()
     return cache.reset_rows(rows)
+
+  def _truncate_impl(self, cache, keep):
+    self._count_trace()
+    cache = cache.reset_rows(keep <= 0)
+    return cache.replace(lengths=jnp.minimum(cache.lengths, keep))
 
   def _prefill_impl(self, params, cache, ids, positions, segment_ids, next_ids, last_col, *,
                     top_k_num: int, prompt_logprobs: bool):
@@ -170,14 +189,17 @@ class ModelRunner:
       out["top_values"], out["top_ids"] = top_logprobs(logits, top_k_num)
     return out
 
-  def _decode_impl(self, params, cache, tokens, positions, remaining, seeds, temperature, top_k,
-                   top_p, min_p, *, num_steps: int, mode: SamplingMode, top_k_num: int):
+  def _decode_impl(self, params, cache, tokens, positions, remaining, stop_ids, seeds,
+                   temperature, top_k, top_p, min_p, *, num_steps: int, mode: SamplingMode,
+                   top_k_num: int):
     self._count_trace()
     model = nnx.merge(self.decode_graphdef, params, self.rest)
 
     def step(carry, s):
-      cache, tok, pos = carry
-      active = s < remaining
+      cache, tok, pos, stopped = carry
+      # A row that sampled one of its stop ids stays frozen for the rest of the call, so its
+      # cache holds exactly prompt + output[:-1] (the prefix cache reuses it).
+      active = (s < remaining) & ~stopped
       logits, _, cache = model(tok[:, None], pos[:, None], active[:, None].astype(jnp.int32),
                                cache=cache)
       logits = logits[:, 0].astype(jnp.float32)
@@ -188,9 +210,11 @@ class ModelRunner:
         out["top_values"], out["top_ids"] = top_logprobs(logits, top_k_num)
       tok = jnp.where(active, new_tok, tok)
       pos = jnp.where(active, pos + 1, pos)
-      return (cache, tok, pos), out
+      stopped = stopped | (active & jnp.any(new_tok[:, None] == stop_ids, axis=-1))
+      return (cache, tok, pos, stopped), out
 
-    (cache, _, _), outs = jax.lax.scan(step, (cache, tokens, positions), jnp.arange(num_steps))
+    carry = (cache, tokens, positions, jnp.zeros(tokens.shape, bool))
+    (cache, _, _, _), outs = jax.lax.scan(step, carry, jnp.arange(num_steps))
     # scan stacks on axis 0: [steps, batch, ...] -> [batch, steps, ...]
     outs = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), outs)
     return cache, outs
@@ -223,18 +247,25 @@ class ModelRunner:
                         jnp.asarray(min_p), mode=mode, top_k_num=top_k_num)
 
   def decode(self, cache, tokens, positions, remaining, seeds, temperature, top_k, top_p, min_p,
-             *, num_steps: int, mode: SamplingMode, top_k_num: int = 0):
-    """`num_steps` decode steps for every row with remaining > step.
+             *, num_steps: int, mode: SamplingMode, top_k_num: int = 0,
+             stop_ids: Optional[np.ndarray] = None):
+    """`num_steps` decode steps for every row with remaining > step that has not stopped.
 
     Args:
       tokens: [batch] int32 last token of each row (not yet in the cache), at `positions`.
       remaining: [batch] int32 tokens each row may still generate (0 = inactive row).
+      stop_ids: [batch, n] int32 stop token ids of each row, padded with -1 (None: no stops).
+        A row that samples one stops for the rest of the call: the stop token is returned but
+        never fed, so the row's cache holds exactly its prompt and output but the last token.
     Returns:
       (cache, out) with out["tokens"], out["logprobs"] [batch, num_steps] and, when
       top_k_num > 0, out["top_values"], out["top_ids"] [batch, num_steps, k].
     """
+    if stop_ids is None:
+      stop_ids = np.full((len(tokens), 1), -1, np.int32)
     return self._decode(self.params, cache, jnp.asarray(tokens), jnp.asarray(positions),
-                        jnp.asarray(remaining), jnp.asarray(seeds), jnp.asarray(temperature),
+                        jnp.asarray(remaining), jnp.asarray(stop_ids, dtype=jnp.int32),
+                        jnp.asarray(seeds), jnp.asarray(temperature),
                         jnp.asarray(top_k), jnp.asarray(top_p), jnp.asarray(min_p),
                         num_steps=num_steps, mode=mode, top_k_num=top_k_num)
 
