@@ -7,6 +7,9 @@ import ml_collections
 
 
 def get_config(preset="tiny"):
+  from orchard_jax.models.presets import PRESETS
+  if preset not in PRESETS:
+    raise ValueError(f"preset {preset!r} is not one of the model presets {sorted(PRESETS)}")
   config = ml_collections.ConfigDict()
   config.job = "lm.sft"
   config.preset = preset                      # models.get_preset(name)

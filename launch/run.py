@@ -46,8 +46,11 @@ def parse_flags(argv: list[str]) -> list[str]:
   """
   try:
     return flags.FLAGS(argv)
-  except flags.Error as e:                   # e.g. --config.rl.lr=abc
-    sys.stderr.write(f"error: {e}\n")
+  except (flags.Error, ValueError) as e:     # --config.rl.lr=abc; an unknown preset
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    if "Error whilst parsing config file" in str(e):   # ml_collections embeds the traceback
+      lines = [lines[0].rstrip(":"), lines[-1]]
+    sys.stderr.write("error: " + "\n  ".join(lines) + "\n")
     sys.exit(2)
   except (AttributeError, KeyError) as e:
     given = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]

@@ -56,3 +56,11 @@ def test_missing_config_flag_is_a_usage_error():
   result = _run([])
   assert result.returncode != 0
   assert "--config is required" in result.stderr
+
+
+def test_unknown_preset_is_one_line_naming_the_presets():
+  result = _run(["--config", "experiments/lm_sft.py:bogus"])
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert "preset 'bogus' is not one of the model presets" in result.stderr
+  result = _run(["--config", "experiments/swe_rpr.py:bogus"])
+  assert result.returncode == 2 and "preset 'bogus' is not one of" in result.stderr
