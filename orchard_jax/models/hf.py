@@ -322,10 +322,27 @@ def _expert_rules(m, mn, e, fused):
 # tensors <-> params
 
 
+def _to_host(value: jax.Array) -> np.ndarray:
+  """A parameter as one numpy array on this host.
+
+  A parameter sharded across hosts (multi-host FSDP) is not addressable from one process:
+  it is gathered with multihost_utils.process_allgather, a collective that every process
+  must reach (so every process calls params_to_hf / save_pretrained, see save_pretrained).
+  """
+  if getattr(value, "is_fully_addressable", True):
+    return np.asarray(jax.device_get(value))
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+
+
 def params_to_hf(model: CausalLM) -> dict[str, np.ndarray]:
-  """The model's parameters as transformers-named numpy arrays (per-expert layout)."""
+  """The model's parameters as transformers-named numpy arrays (per-expert layout).
+
+  On a multi-host mesh every process must call this (parameters sharded across hosts are
+  gathered collectively); each gets the full arrays.
+  """
   config = model.config
-  flat = {tuple(p): np.asarray(jax.device_get(v[...]))
+  flat = {tuple(p): _to_host(v[...])
           for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
   out: dict[str, np.ndarray] = {}
   for rule in _layout(config):
@@ -466,24 +483,32 @@ def load_params(model: CausalLM, source, *, mesh: Optional[jax.sharding.Mesh] = 
 
 
 def save_pretrained(model: CausalLM, config: ModelConfig, folder: str, *,
-                    max_shard_bytes: int = 5 * 2 ** 30) -> list[str]:
+                    max_shard_bytes: int = 5 * 2 ** 30,
+                    write: Optional[bool] = None) -> list[str]:
   """Writes config.json and safetensors that transformers loads (see module docstring).
+
+  Multi-host: call it on every process (parameters sharded across hosts are gathered with a
+  collective); only the writing process (process 0 by default) touches the folder.
 
   Args:
     model: the CausalLM to save (params are fetched to host).
     config: its config (must equal model.config).
     folder: created if missing.
     max_shard_bytes: split into model-0000i-of-0000n.safetensors + index above this size.
+    write: whether this process writes the files; None: jax.process_index() == 0.
   Returns:
-    The safetensors file names written.
+    The safetensors file names written (empty on a process that does not write).
   Raises:
     ConfigError: config differs from the model's.
   """
   if config != model.config:
     raise ConfigError("save_pretrained: config differs from model.config")
+  hf_tensors = params_to_hf(model)                 # collective on a multi-host mesh
+  if not (jax.process_index() == 0 if write is None else write):
+    return []
   os.makedirs(folder, exist_ok=True)
   # safetensors writes raw buffers: every tensor must be C-contiguous.
-  tensors = {k: np.ascontiguousarray(v) for k, v in params_to_hf(model).items()}
+  tensors = {k: np.ascontiguousarray(v) for k, v in hf_tensors.items()}
   with open(os.path.join(folder, "config.json"), "w") as f:
     json.dump(config_to_hf(config), f, indent=2)
   shards: list[dict[str, np.ndarray]] = [{}]

@@ -238,12 +238,13 @@ class PolicyService:
                           "to a folder every SGLang server can read")
       import jax
       folder = os.path.join(self.config.engine.weights_dir, f"v{version:06d}")
-      # Process 0 writes the folder and then asks the servers to load it; other hosts of a
-      # multi-host run must not ask before it is complete (nor make every server reload once
-      # per host), so they wait at a barrier.
+      # Every process takes part in gathering parameters sharded across hosts; process 0
+      # writes the folder and then asks the servers to load it; other hosts of a multi-host
+      # run must not ask before it is complete (nor make every server reload once per host),
+      # so they wait at a barrier.
+      if jax.process_count() > 1 or not os.path.exists(os.path.join(folder, "config.json")):
+        hf.save_pretrained(model, model.config, folder)
       if jax.process_index() == 0:
-        if not os.path.exists(os.path.join(folder, "config.json")):
-          hf.save_pretrained(model, model.config, folder)
         self._client.update_weights_from_disk(folder, weight_version=str(version))
       if jax.process_count() > 1:
         from jax.experimental import multihost_utils

@@ -22,6 +22,7 @@ from flax import nnx  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 from orchard_jax import models  # noqa: E402
+from orchard_jax.models import hf  # noqa: E402
 from orchard_jax import train  # noqa: E402
 
 BATCH, SEQ = 8, 48
@@ -60,7 +61,10 @@ def main(workdir: str, steps: int) -> None:
   with train.Trainer(model, train.SFTLoss(), trainer_config, mesh=mesh) as trainer:
     for batch in batches(config.vocab_size, steps):
       losses.append(float(trainer.train_step(batch)["loss"]))
-  print(json.dumps({"joined": joined, "process_index": jax.process_index(),
+    # Hugging Face export of parameters sharded across both hosts: every process calls it
+    # (collective gather), process 0 writes.
+    written = hf.save_pretrained(trainer.model(), config, os.path.join(workdir, "hf"))
+  print(json.dumps({"joined": joined, "hf_files": written, "process_index": jax.process_index(),
                     "process_count": jax.process_count(), "devices": jax.device_count(),
                     "local_devices": jax.local_device_count(), "losses": losses}), flush=True)
   distributed.shutdown()

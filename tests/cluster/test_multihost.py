@@ -72,6 +72,15 @@ def test_two_processes_with_four_devices_each_match_one_process_with_eight(tmp_p
   np.testing.assert_allclose(reports[0]["losses"], reference["losses"], rtol=2e-5,
                              err_msg=f"two hosts {reports} vs one {reference}")
   assert len(set(reference["losses"])) == STEPS, reference   # the parameters did change
+  # The HF export gathers the cross-host shards: process 0 writes the same tensors as the
+  # single-process run, process 1 writes nothing.
+  assert reports[0]["hf_files"] == ["model.safetensors"] and reports[1]["hf_files"] == []
+  from safetensors.numpy import load_file
+  two = load_file(str(tmp_path / "two" / "hf" / "model.safetensors"))
+  one = load_file(str(tmp_path / "one" / "hf" / "model.safetensors"))
+  assert sorted(two) == sorted(one)
+  for name in one:
+    np.testing.assert_allclose(two[name], one[name], rtol=1e-4, atol=1e-6, err_msg=name)
   # Both hosts share one run folder; only process 0 writes its metrics (each step once).
   with open(tmp_path / "two" / "metrics.jsonl") as f:
     records = [json.loads(line) for line in f]
