@@ -30,6 +30,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import aiohttp
 import httpx
+import orjson
 import tenacity
 
 from orchard_jax.rollout.errors import RequestError, UpstreamError
@@ -38,6 +39,7 @@ from orchard_jax.rollout.protocol import (
   UpdateWeightsFromDiskResponse)
 
 _TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
+_JSON_HEADERS = {"Content-Type": "application/json"}
 Prompt = Union[str, Sequence[int]]
 
 
@@ -136,7 +138,8 @@ def build_generate_payload(
   if input_ids is not None:
     ids = list(input_ids)
     nested = bool(ids) and hasattr(ids[0], "__len__")
-    payload["input_ids"] = [[int(t) for t in row] for row in ids] if nested else [int(t) for t in ids]
+    payload["input_ids"] = ([list(map(int, row)) for row in ids] if nested
+                            else list(map(int, ids)))
   else:
     payload["text"] = text if isinstance(text, str) else list(text)
   if isinstance(sampling_params, (list, tuple)):
@@ -211,10 +214,13 @@ class _ClientBase:
     """Forget a session's sticky server (call when the session ends)."""
     self._router.release_session(session_id)
 
-  def _retry_kwargs(self) -> dict[str, Any]:
+  def _retry_kwargs(self, attempts: Optional[int] = None, second: bool = False
+                    ) -> dict[str, Any]:
+    """tenacity settings for `attempts` attempts (default max_retries + 1); `second`: the
+    first of them is already the second try, so backoff continues from the second wait."""
     return dict(
-      stop=tenacity.stop_after_attempt(self.max_retries + 1),
-      wait=tenacity.wait_exponential(multiplier=self.backoff_s, max=30.0),
+      stop=tenacity.stop_after_attempt(self.max_retries + 1 if attempts is None else attempts),
+      wait=tenacity.wait_exponential(multiplier=self.backoff_s * (2 if second else 1), max=30.0),
       retry=tenacity.retry_if_exception(_is_transient), reraise=True)
 
   @staticmethod
@@ -229,6 +235,10 @@ class _ClientBase:
       raise UpstreamError(f"{url}{path} answered HTTP {status}: {text[:2000]}", url=url,
                           status_code=status)
     try:
+      return orjson.loads(content)
+    except ValueError:
+      pass
+    try:  # NaN / Infinity tokens, which orjson rejects and Python's json accepts
       return jsonlib.loads(content)
     except ValueError as e:
       text = content.decode("utf-8", "replace")
@@ -443,6 +453,9 @@ class AsyncSGLangClient(_ClientBase):
   async def _request(self, method: str, path: str, *, json: Any = None,
                      session_id: Optional[str] = None, url: Optional[str] = None) -> Any:
     tried: list[str] = []
+    # orjson: a long prompt's input_ids serialise about 10x faster than with json.dumps.
+    data = None if json is None else orjson.dumps(json)
+    headers = None if json is None else _JSON_HEADERS
 
     async def attempt() -> Any:
       target = (self._router.acquire_url(url) if url
@@ -450,7 +463,8 @@ class AsyncSGLangClient(_ClientBase):
       tried.append(target)
       ok = False
       try:
-        async with self._session().request(method, target + path, json=json) as response:
+        async with self._session().request(method, target + path, data=data,
+                                           headers=headers) as response:
           status, content = response.status, await response.read()
         body = self._check_body(status, content, target, path)
         ok = True
@@ -464,7 +478,16 @@ class AsyncSGLangClient(_ClientBase):
       finally:
         self._router.release(target, ok)
 
-    return await tenacity.AsyncRetrying(**self._retry_kwargs())(attempt)
+    # The first attempt runs outside tenacity (its machinery costs ~30 us per request);
+    # a transient failure hands the remaining attempts to it, after the first backoff.
+    try:
+      return await attempt()
+    except UpstreamError as e:
+      if not _is_transient(e) or self.max_retries < 1:
+        raise
+    await asyncio.sleep(min(self.backoff_s, 30.0))
+    return await tenacity.AsyncRetrying(**self._retry_kwargs(self.max_retries, second=True))(
+      attempt)
 
   async def generate(self, *, input_ids: Optional[Sequence[int]] = None,
                      text: Optional[str] = None,

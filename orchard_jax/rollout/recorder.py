@@ -7,6 +7,12 @@ that builds the record, and one writer thread builds and appends the records in 
 were submitted (so a session's calls are stored in call order). `flush` waits until everything
 submitted (for one session or all) is in the store; `close` flushes and stops the thread.
 
+The thread shares the proxy's GIL, so a record built while the proxy is still answering slows
+the answer down. `submit(..., wake=False)` queues a record without waking the thread, and the
+proxy calls `wake()` once the response has been sent (a Starlette background task); the thread
+also looks at its queue every `idle_wake_s` on its own, and `flush`/`close` wake it, so a record
+whose wake never comes (the client went away) is still written.
+
 No submitted record is dropped: the thread drains its queue before it stops, and a record
 whose build or append raised is logged and kept in `failed` (with the error) so a caller can
 write it elsewhere; the proxy keeps serving.
@@ -15,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import queue
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -31,38 +36,51 @@ class RecordWriter:
   Args:
     store: a `data.TrajectoryStore` (anything with `append_model_call(record)`).
     name: the thread's name.
+    idle_wake_s: seconds the thread sleeps at most before looking at its queue unasked.
 
   Attributes:
     written: records appended so far.
     failed: (session_id, record or None, exception) for records whose build or append raised.
   """
 
-  def __init__(self, store: Any, name: str = "orchard-record-writer"):
+  def __init__(self, store: Any, name: str = "orchard-record-writer", idle_wake_s: float = 0.05):
     self.store = store
     self.written = 0
     self.failed: list[tuple[str, Any, BaseException]] = []
-    self._queue: "queue.SimpleQueue[Optional[tuple[str, Callable[[], Any]]]]" = (
-      queue.SimpleQueue())
+    self.idle_wake_s = idle_wake_s
+    self._queue: collections.deque = collections.deque()   # (session_id, build); None: stop
     self._pending: collections.Counter = collections.Counter()
-    self._done = threading.Condition()
+    lock = threading.Lock()
+    self._work = threading.Condition(lock)    # the thread waits here for records
+    self._done = threading.Condition(lock)    # flush waits here for appended records
     self._closed = False
     self._thread = threading.Thread(target=self._run, name=name, daemon=True)
     self._thread.start()
 
-  def submit(self, session_id: str, build: Callable[[], Any]) -> None:
+  def submit(self, session_id: str, build: Callable[[], Any], *, wake: bool = True) -> None:
     """Queue one record: `build()` returns the `data.ModelCall`, called on the writer thread.
 
     `build` must only read data that nobody changes afterwards (the proxy passes the lists
-    of the finished call). After `close`, the record is built and appended on the caller's
-    thread instead, so nothing is lost.
+    of the finished call). With wake=False the thread is not woken now (call `wake()` when
+    the caller's latency-critical work is done; it wakes within idle_wake_s regardless).
+    After `close`, the record is built and appended on the caller's thread instead, so
+    nothing is lost.
     """
-    with self._done:
+    with self._work:
       closed = self._closed
       if not closed:
         self._pending[session_id] += 1
-        self._queue.put((session_id, build))    # under the lock: never behind close's marker
+        self._queue.append((session_id, build))  # under the lock: never behind close's marker
+        if wake:
+          self._work.notify()
     if closed:
       self._write(session_id, build)
+
+  def wake(self) -> None:
+    """Let the thread write what was submitted with wake=False."""
+    with self._work:
+      if self._queue:
+        self._work.notify()
 
   def pending(self, session_id: Optional[str] = None) -> int:
     """Records submitted and not yet appended (of one session, or all)."""
@@ -79,6 +97,7 @@ class RecordWriter:
     """
     deadline = time.monotonic() + timeout_s
     with self._done:
+      self._work.notify()
       while (self._pending.get(session_id, 0) if session_id is not None
              else sum(self._pending.values())):
         left = deadline - time.monotonic()
@@ -93,11 +112,12 @@ class RecordWriter:
     Raises:
       SessionError: the queue did not drain within timeout_s.
     """
-    with self._done:
+    with self._work:
       if self._closed:
         return
       self._closed = True
-    self._queue.put(None)
+      self._queue.append(None)
+      self._work.notify()
     self._thread.join(timeout=timeout_s)
     if self._thread.is_alive():
       raise SessionError(f"{self.pending()} records still unwritten after {timeout_s} s")
@@ -110,7 +130,10 @@ class RecordWriter:
 
   def _run(self) -> None:
     while True:
-      item = self._queue.get()
+      with self._work:
+        while not self._queue:
+          self._work.wait(timeout=self.idle_wake_s)
+        item = self._queue.popleft()
       if item is None:
         return
       session_id, build = item

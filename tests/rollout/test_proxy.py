@@ -236,3 +236,26 @@ def test_concurrent_sessions_are_recorded_independently(stack, tokenizer):
       assert record.prompt_ids[:len(history)] == history
     for record in records:
       assert record.output_ids == sampled[tuple(record.prompt_ids)]
+
+
+def test_invalid_requests_get_400_naming_the_field(tokenizer):
+  # Validation happens before the upstream is called; nothing listens on the upstream's port.
+  import httpx
+  with RecordingProxy(SGLangUpstream("http://127.0.0.1:9", max_retries=0),
+                      tokenizer=tokenizer, freeze_gc=False) as proxy, httpx.Client() as http:
+    url = proxy.session_url("bad") + "/chat/completions"
+    cases = [
+      (json.dumps({"model": "m", "messages": []}), "messages: Value error, messages is empty"),
+      (json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}),
+       "messages[0].role is 'wizard'"),
+      (json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                   "temperature": -1}), "temperature: Input should be greater than or equal"),
+      ("{not json", "Invalid JSON"),
+    ]
+    for body, expected in cases:
+      response = http.post(url, content=body, headers={"content-type": "application/json"})
+      assert response.status_code == 400, response.text
+      error = response.json()
+      assert error["object"] == "error" and error["type"] == "BadRequestError"
+      assert expected in error["message"], error["message"]
+    assert "bad" not in proxy.sessions                 # nothing was recorded for the session

@@ -80,3 +80,24 @@ def test_close_drains_the_queue_and_later_records_are_written_inline(tmp_path):
     writer.submit("s", _builder("s", 20))             # after close: written on this thread
     writer.close()                                    # idempotent
     assert [c.call_index for c in store.model_calls("s")] == list(range(21))
+
+
+def test_a_record_submitted_without_wake_waits_for_wake_or_flush(tmp_path):
+  # The proxy submits with wake=False and wakes the thread once its answer is sent.
+  with TrajectoryStore(tmp_path) as store, RecordWriter(store, idle_wake_s=30.0) as writer:
+    writer.submit("s", _builder("s", 0))
+    writer.flush("s", timeout_s=10)                  # the thread is asleep now
+    writer.submit("s", _builder("s", 1), wake=False)
+    time.sleep(0.2)
+    assert writer.pending("s") == 1 and writer.written == 1
+    writer.wake()
+    writer.flush("s", timeout_s=10)
+    writer.submit("s", _builder("s", 2), wake=False)
+    writer.flush("s", timeout_s=10)                  # flush wakes it too
+    assert [c.call_index for c in store.model_calls("s")] == [0, 1, 2]
+  with TrajectoryStore(tmp_path / "idle") as store, RecordWriter(store, idle_wake_s=0.05) as writer:
+    writer.submit("t", _builder("t", 0), wake=False)  # never woken: written within idle_wake_s
+    deadline = time.monotonic() + 10
+    while writer.written < 1 and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert writer.written == 1 and writer.pending() == 0
