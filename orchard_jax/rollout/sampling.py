@@ -87,18 +87,39 @@ def sample_next(logits: jax.Array, keys: jax.Array, temperature: jax.Array,
     distribution, see the module docstring).
   """
   logits = logits.astype(jnp.float32)
-  logprobs_all = jax.nn.log_softmax(logits, axis=-1)
-  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  row_max = jnp.max(logits, axis=-1, keepdims=True)
+  greedy = _first_argmax(logits, row_max)
   if mode is SamplingMode.GREEDY:
     tokens = greedy
   else:
     scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
     if mode is SamplingMode.FILTERED:
       scaled = truncate_logits(scaled, top_k, top_p, min_p)
-    sampled = jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
+    # jax.random.categorical's Gumbel-max draw, argmax(logits + gumbel(key)), with the
+    # cheaper argmax (same tokens for the same keys).
+    noisy = jax.vmap(lambda key, row: row + jax.random.gumbel(key, row.shape, row.dtype))(
+        keys, scaled)
+    sampled = _first_argmax(noisy, jnp.max(noisy, axis=-1, keepdims=True))
     tokens = jnp.where(temperature > 0, sampled, greedy)
-  chosen = jnp.take_along_axis(logprobs_all, tokens[:, None], axis=-1)[:, 0]
-  return tokens, chosen
+  return tokens, _token_logprob(logits, row_max, tokens)
+
+
+def _first_argmax(logits: jax.Array, row_max: jax.Array) -> jax.Array:
+  """jnp.argmax(logits, -1) (first maximal index; the first NaN if a row has one) as two
+  plain reductions: XLA:CPU runs argmax's (value, index) reduction as a scalar loop, several
+  times slower than a max and a min over [batch, vocab]."""
+  vocab = logits.shape[-1]
+  index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+  hit = (logits == row_max) | jnp.isnan(logits)
+  return jnp.min(jnp.where(hit, index, vocab), axis=-1)
+
+
+def _token_logprob(logits: jax.Array, row_max: jax.Array, tokens: jax.Array) -> jax.Array:
+  """log_softmax(logits)[b, tokens[b]] without the [batch, vocab] log-prob array: the same
+  float32 operations as jax.nn.log_softmax, (x_t - max) - log(sum(exp(x - max)))."""
+  shifted_lse = jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1))
+  picked = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
+  return (picked - row_max[:, 0]) - shifted_lse
 
 
 def top_logprobs(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
