@@ -5,7 +5,9 @@ kv heads, head_dim 64, 8 experts top-2, moe_intermediate 256, float32, random in
 a 128-token random prompt per row and exactly 128 new tokens, at batch 1 and 8. Throughput is
 new tokens per second over the whole call (prefill included), median of `_REPEATS` runs after a
 warm-up run (which compiles / allocates). transformers runs `generate(do_sample=False,
-use_cache=True)` with torch limited to 2 threads, as PEERS.md measured it.
+use_cache=True)` with torch limited to 2 threads, as PEERS.md measured it. The engine's prefix
+cache is off: every repeat sends the same prompts, which it would otherwise not prefill again
+(transformers prefills them every time).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def _ours(prompts: dict[int, np.ndarray]) -> tuple[dict[int, float], int]:
   model = CausalLM(get_preset("tiny"), rngs=nnx.Rngs(0))
   config = EngineConfig(max_batch_size=8, batch_buckets=(1, 8), max_seq_len=_PROMPT + _NEW,
                         cache_len_buckets=(_PROMPT + _NEW,), prefill_chunk_buckets=(_PROMPT,),
-                        decode_steps=32, seed=0)
+                        decode_steps=32, seed=0, prefix_cache=False)
   params = SamplingParams(max_new_tokens=_NEW, temperature=0.0, ignore_eos=True)
   results = {}
   with Engine(model, tiny_tokenizer(), config=config) as engine:
