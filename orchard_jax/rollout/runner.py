@@ -300,4 +300,8 @@ def _rebuild(template: Any, flat: dict[str, Any], prefix: str = "") -> Any:
             for k, v in template.items()}
   value = jnp.asarray(flat[prefix], dtype=template.dtype)
   sharding = getattr(template, "sharding", None)
-  return jax.device_put(value, sharding) if sharding is not None else value
+  if sharding is None or not getattr(template, "committed", True):
+    # An uncommitted leaf stays uncommitted: jit keys its compiled programs on commitment,
+    # so committing here recompiled every engine program after the first weight update.
+    return value
+  return jax.device_put(value, sharding)
