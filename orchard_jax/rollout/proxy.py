@@ -48,8 +48,9 @@ import fastapi
 import orjson
 import pydantic
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect, Request
 
 from orchard_jax.data import ChatTemplateError, ModelCall, chat_messages
 from orchard_jax.rollout.background import BackgroundServer
@@ -79,6 +80,10 @@ class _Checkpoint:
   assistant: bool
   closed: bool  # assistant turn ended with a sampled stop token (end of turn)
   call_index: int
+  # Assistant checkpoints: (whether a system message leads, the chat template's text of
+  # [system message, this turn] through the turn's end-of-turn token), rendered after the
+  # answer was sent (`PromptBuilder.prepare`); None until then.
+  prepared: Optional[tuple[bool, str]] = None
 
 
 @dataclasses.dataclass
@@ -90,6 +95,7 @@ class _Session:
   context_key: Optional[str] = None
   checkpoints: list = dataclasses.field(default_factory=list)
   latest: Optional[_Checkpoint] = None
+  unprepared: Optional[tuple] = None   # PromptBuilder.prepare's arguments, after the answer
   prompt_tokens: int = 0
   completion_tokens: int = 0
 
@@ -177,7 +183,8 @@ class PromptBuilder:
     if best is not None and not best.assistant:
       return PromptPlan(list(best.ids), len(best.ids), False, key)
     if best is not None:
-      suffix = self._new_text(messages, len(best.key), tools, template_kwargs, best.closed)
+      suffix = self._new_text(messages, len(best.key), tools, template_kwargs, best.closed,
+                              best.prepared)
       if suffix is not None:
         ids = best.ids + self.tokenizer.encode(suffix)
         return PromptPlan(ids, len(best.ids), best is session.latest, key)
@@ -188,7 +195,7 @@ class PromptBuilder:
     return PromptPlan(ids, 0, False, key)
 
   def _new_text(self, messages: list[dict], k: int, tools, template_kwargs: dict,
-                closed: bool) -> Optional[str]:
+                closed: bool, prepared: Optional[tuple[bool, str]] = None) -> Optional[str]:
     """Text the template adds after the recorded assistant turn messages[k-1] (the data room's
     `Tokenizer.render_continuation`): the separator after its end-of-turn token, the new
     messages and the generation prompt, preceded by the end-of-turn token itself when the
@@ -198,14 +205,57 @@ class PromptBuilder:
     # turn and the new messages: cheap, and exact for templates that render each message
     # independently of the ones before (ChatML / Qwen families). Then the whole chat.
     system = [messages[0]] if messages[0].get("role") == "system" and k > 1 else []
-    for chat, recorded in ((system + messages[k - 1:], len(system) + 1), (messages, k)):
+    short = system + messages[k - 1:]
+    for chat, recorded in ((short, len(system) + 1), (messages, k)):
       try:
-        text = self.tokenizer.render_continuation(chat, recorded, tools,
-                                                  add_generation_prompt=True, **template_kwargs)
+        if chat is short and prepared is not None and prepared[0] == bool(system):
+          # The recorded turn's rendering was made after the last answer went out: one
+          # render here instead of two (`Tokenizer.render_continuation`'s rule, on its text).
+          text = _continuation_after(prepared[1], self.tokenizer.render_chat_text(
+            chat, tools, add_generation_prompt=True, **template_kwargs), self.eos_text)
+        else:
+          text = self.tokenizer.render_continuation(chat, recorded, tools,
+                                                    add_generation_prompt=True,
+                                                    **template_kwargs)
       except ChatTemplateError:
         continue
       return text if closed else self.eos_text + text
     return None
+
+  def prepare(self, checkpoint: _Checkpoint, head: list[dict], tools: Optional[list[dict]],
+              template_kwargs: dict) -> None:
+    """Render [system message, assistant turn] (`head`) of an assistant checkpoint for the
+    session's next call, whose continuation then needs one render instead of two. Run after
+    the answer was sent; a template that fails here leaves the checkpoint unprepared."""
+    try:
+      text = self.tokenizer.render_chat_text(head, tools, add_generation_prompt=False,
+                                             **template_kwargs)
+    except ChatTemplateError:
+      return
+    end = text.rfind(self.eos_text)
+    if end >= 0:
+      checkpoint.prepared = (len(head) > 1, text[:end + len(self.eos_text)])
+
+
+def _continuation_after(recorded: str, full: str, eos: str) -> str:
+  """The text of `full` (a chat's rendering) after the recorded turn whose rendering, through
+  its end-of-turn token `eos`, is `recorded`: what follows that prefix, or, for templates that
+  rewrite earlier turns, what follows the same number of end-of-turn tokens (the rule of
+  `data.Tokenizer.render_continuation`).
+
+  Raises:
+    ChatTemplateError: `full` holds fewer end-of-turn tokens than `recorded`.
+  """
+  if full.startswith(recorded):
+    return full[len(recorded):]
+  pos = -len(eos)
+  for _ in range(recorded.count(eos)):
+    pos = full.find(eos, pos + len(eos))
+    if pos < 0:
+      raise ChatTemplateError(
+        f"the whole chat's rendering holds fewer than the {recorded.count(eos)} end-of-turn "
+        f"tokens {eos!r} of the recorded messages' rendering")
+  return full[pos + len(eos):]
 
 
 def _context_key(tools: Optional[list[dict]], template_kwargs: dict) -> str:
@@ -252,7 +302,7 @@ class RecordingProxy:
     self.sessions: dict[str, _Session] = {}
     self.writer = RecordWriter(store) if store is not None else None
     self.app = self._create_app()
-    self._server = BackgroundServer(self.app, host=host, port=port)
+    self._server = BackgroundServer(_ChatFastPath(self, self.app), host=host, port=port)
 
   # ------------------------------------------------------------------ lifecycle
 
@@ -328,19 +378,9 @@ class RecordingProxy:
               for e in exc.errors()]
       return error_response("; ".join(msgs) or "invalid request", 400)
 
-    @app.exception_handler(RequestError)
-    async def _bad(request: fastapi.Request, exc: RequestError):
-      return error_response(str(exc), 400)
-
-    @app.exception_handler(UpstreamError)
-    async def _upstream(request: fastapi.Request, exc: UpstreamError):
-      status = 400 if exc.status_code == 400 else 502
-      return error_response(f"upstream {exc.url}: {exc}", status,
-                            "BadRequestError" if status == 400 else "UpstreamError")
-
     @app.exception_handler(RolloutError)
     async def _rollout(request: fastapi.Request, exc: RolloutError):
-      return error_response(str(exc), 503, "ServiceUnavailableError")
+      return _rollout_error_response(exc)
 
     @app.get("/health")
     async def health():
@@ -351,32 +391,13 @@ class RecordingProxy:
       return {"object": "list", "data": [{"id": self.served_model_name, "object": "model",
                                           "created": 0, "owned_by": "orchard_jax"}]}
 
-    # The body is read as bytes and validated by pydantic-core straight from JSON, and the
-    # response is serialised by it too: about half the request-path CPU of a declared body
-    # parameter (json.loads, then validation) and a JSONResponse (json.dumps of a dict dump).
-    @app.post("/sessions/{session_id}/v1/chat/completions", response_model=None,
+    # Served by `_ChatFastPath` ahead of FastAPI's middleware and routing; declared here too
+    # for the OpenAPI schema and for callers of `self.app` (the same handler either way).
+    @app.post(_CHAT_PREFIX + "{session_id}" + _CHAT_SUFFIX, response_model=None,
               openapi_extra={"requestBody": {"required": True, "content": {
                 "application/json": {"schema": ChatCompletionRequest.model_json_schema()}}}})
     async def chat(session_id: str, raw: fastapi.Request):
-      request = _parse_chat_request(await raw.body())
-      session = self.sessions.get(session_id)
-      if session is None:
-        session = self.sessions.setdefault(session_id, _Session(session_id))
-      async with session.lock:
-        if self.upstream.text_only:
-          data, build = await self._text_only_call(session, request)
-          body = orjson.dumps(data)
-        else:
-          response, build = await self._token_call(session, request)
-          body = None if request.stream else response.model_dump_json(exclude_none=True)
-        # Built and appended by the writer thread, in call order, after the answer has gone
-        # out (the background task); flush/end_session wait for it.
-        self._record(session.id, build)
-      wake = BackgroundTask(self._wake_writer)
-      if body is None:
-        return StreamingResponse(stream_chat_chunks(response), media_type="text/event-stream",
-                                 background=wake)
-      return fastapi.Response(body, media_type="application/json", background=wake)
+      return await self._chat(session_id, await raw.body())
 
     @app.delete("/sessions/{session_id}")
     async def end(session_id: str):
@@ -387,6 +408,43 @@ class RecordingProxy:
       return {"ended": session_id}
 
     return app
+
+  async def _chat(self, session_id: str, raw_body: bytes) -> Response:
+    """One `/chat/completions` call of a session: the HTTP response to send.
+
+    The body is validated by pydantic-core straight from JSON bytes and the answer serialised
+    by it (a declared FastAPI body parameter and a JSONResponse cost about twice the CPU).
+
+    Raises:
+      RolloutError: RequestError for an invalid body, UpstreamError, SessionError.
+    """
+    request = _parse_chat_request(raw_body)
+    session = self.sessions.get(session_id)
+    if session is None:
+      session = self.sessions.setdefault(session_id, _Session(session_id))
+    async with session.lock:
+      if self.upstream.text_only:
+        data, build = await self._text_only_call(session, request)
+        body = orjson.dumps(data)
+      else:
+        response, build = await self._token_call(session, request)
+        body = None if request.stream else response.model_dump_json(exclude_none=True)
+      # Built and appended by the writer thread, in call order, after the answer has gone
+      # out (`_after_answer`); flush/end_session wait for it.
+      self._record(session.id, build)
+    after = BackgroundTask(self._after_answer, session)
+    if body is None:
+      return StreamingResponse(stream_chat_chunks(response), media_type="text/event-stream",
+                               background=after)
+    return Response(body, media_type="application/json", background=after)
+
+  async def _after_answer(self, session: _Session) -> None:
+    """Work left for after the answer was sent: wake the record writer, and render the
+    returned turn for the session's next call (`PromptBuilder.prepare`)."""
+    await self._wake_writer()
+    todo, session.unprepared = session.unprepared, None
+    if todo is not None and self.builder is not None:
+      self.builder.prepare(*todo)
 
   def _sampling(self, request: ChatCompletionRequest) -> SamplingParams:
     params = sampling_params_of(request, request.max_new_tokens)
@@ -437,6 +495,8 @@ class RecordingProxy:
     session.context_key = _context_key(tools, kwargs)
     session.checkpoints = (session.checkpoints + [request_cp, answer_cp])[-2 * _CHECKPOINTS_KEPT:]
     session.latest = answer_cp
+    system = [messages[0]] if messages[0].get("role") == "system" else []
+    session.unprepared = (answer_cp, system + _clean_messages([returned]), tools, kwargs)
     call_index, segment_index = session.call_index, session.segment_index
     session.call_index += 1
     session.prompt_tokens += len(plan.ids)
@@ -487,6 +547,55 @@ class RecordingProxy:
                   "upstream": self.upstream.description, "usage": data.get("usage")})
 
     return data, record
+
+
+_CHAT_PREFIX, _CHAT_SUFFIX = "/sessions/", "/v1/chat/completions"
+
+
+class _ChatFastPath:
+  """ASGI app in front of the proxy's FastAPI app: serves `POST /sessions/{id}/v1/chat/
+  completions` itself (Starlette's Request and Response, the same `RecordingProxy._chat`)
+  and hands everything else, lifespan included, to FastAPI.
+
+  FastAPI's middleware stack, routing and dependency solving cost ~0.2 ms of CPU per request
+  on the one route every model call takes; errors get the same bodies as FastAPI's handlers.
+  """
+
+  def __init__(self, proxy: "RecordingProxy", app: fastapi.FastAPI):
+    self.proxy = proxy
+    self.app = app
+
+  async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+    path = scope.get("path", "")
+    if (scope["type"] != "http" or scope["method"] != "POST"
+        or not path.startswith(_CHAT_PREFIX) or not path.endswith(_CHAT_SUFFIX)):
+      return await self.app(scope, receive, send)
+    session_id = path[len(_CHAT_PREFIX):-len(_CHAT_SUFFIX)]
+    if not session_id or "/" in session_id:
+      return await self.app(scope, receive, send)
+    try:
+      response = await self.proxy._chat(session_id, await Request(scope, receive).body())
+    except RolloutError as e:
+      response = _rollout_error_response(e)
+    except ClientDisconnect:
+      return
+    except Exception as e:  # noqa: BLE001 - answer like FastAPI would, with the reason
+      _log.exception("chat completion of session %s failed", session_id)
+      response = error_response(f"internal error: {type(e).__name__}: {e}", 500,
+                                "InternalServerError")
+    await response(scope, receive, send)
+
+
+def _rollout_error_response(exc: RolloutError) -> Response:
+  """The OpenAI-style error answer for a rollout error: 400 for a bad request (or one the
+  upstream refused as bad), 502 for another upstream failure, 503 otherwise."""
+  if isinstance(exc, RequestError):
+    return error_response(str(exc), 400)
+  if isinstance(exc, UpstreamError):
+    status = 400 if exc.status_code == 400 else 502
+    return error_response(f"upstream {exc.url}: {exc}", status,
+                          "BadRequestError" if status == 400 else "UpstreamError")
+  return error_response(str(exc), 503, "ServiceUnavailableError")
 
 
 def _parse_chat_request(body: bytes) -> ChatCompletionRequest:

@@ -259,3 +259,56 @@ def test_invalid_requests_get_400_naming_the_field(tokenizer):
       assert error["object"] == "error" and error["type"] == "BadRequestError"
       assert expected in error["message"], error["message"]
     assert "bad" not in proxy.sessions                 # nothing was recorded for the session
+
+
+def _rewriting_tokenizer(tokenizer):
+  import copy
+
+  from orchard_jax.data import Tokenizer
+
+  # Like Qwen3's official template: only the last assistant turn shows its reasoning, so a
+  # turn's rendering changes once more turns follow.
+  hf = copy.deepcopy(tokenizer.hf)
+  hf.chat_template = (
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}{{ '<|im_start|>assistant\\n' }}"
+    "{%- if loop.last -%}{{ '<think>\\n' ~ (m.reasoning_content or '') ~ '\\n</think>\\n\\n' }}"
+    "{%- endif -%}{{ m.content ~ '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'tool' -%}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' ~ m.content ~ '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else -%}{{ '<|im_start|>' ~ m.role ~ '\\n' ~ m.content ~ '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}")
+  return Tokenizer(hf, name="rewriting")
+
+
+@pytest.mark.parametrize("template", ["tiny", "history-rewriting"])
+def test_prepared_continuation_equals_the_rendered_one(tokenizer, template):
+  """The proxy renders the returned turn after answering (`PromptBuilder.prepare`) so the next
+  call renders once; the text it appends must be what the chat template gives."""
+  from orchard_jax.rollout.proxy import PromptBuilder, _Checkpoint
+
+  tok = tokenizer if template == "tiny" else _rewriting_tokenizer(tokenizer)
+  builder = PromptBuilder(tok)
+  tools = [BASH_TOOL] if template == "tiny" else None
+  call = {"id": "call_1", "type": "function",
+          "function": {"name": "bash", "arguments": json.dumps({"command": "ls\n"})}}
+  chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK},
+          {"role": "assistant", "content": "Looking.\n", "reasoning_content": "think",
+           "tool_calls": [call] if tools else None},
+          {"role": "tool", "tool_call_id": "call_1", "content": "a.py\nb.py\n"},
+          {"role": "user", "content": "Go on.\n"}]
+  chat = [{k: v for k, v in m.items() if v is not None} for m in chat]
+  eos = tok.id_to_token(tok.eos_id)
+  if template == "tiny":   # prefix-stable: the whole chat's text after the recorded turn's
+    recorded = tok.render_chat_text(chat[:3], tools, add_generation_prompt=False)
+    expected = tok.render_chat_text(chat, tools)[recorded.rfind(eos) + len(eos):]
+  else:                    # the reasoning is gone once the turn is not the last
+    expected = ("\n<|im_start|>user\n<tool_response>\na.py\nb.py\n\n</tool_response><|im_end|>"
+                "\n<|im_start|>user\nGo on.\n<|im_end|>\n<|im_start|>assistant\n")
+  checkpoint = _Checkpoint(key=(), ids=[], assistant=True, closed=True, call_index=0)
+  builder.prepare(checkpoint, [chat[0], chat[2]], tools, {})
+  assert checkpoint.prepared is not None and checkpoint.prepared[1].endswith(eos)
+  assert builder._new_text(chat, 3, tools, {}, True, checkpoint.prepared) == expected
+  assert builder._new_text(chat, 3, tools, {}, True) == expected     # unprepared: two renders
+  assert builder._new_text(chat, 3, tools, {}, False, checkpoint.prepared) == eos + expected
