@@ -312,3 +312,15 @@ def test_prepared_continuation_equals_the_rendered_one(tokenizer, template):
   assert builder._new_text(chat, 3, tools, {}, True, checkpoint.prepared) == expected
   assert builder._new_text(chat, 3, tools, {}, True) == expected     # unprepared: two renders
   assert builder._new_text(chat, 3, tools, {}, False, checkpoint.prepared) == eos + expected
+
+
+def test_streamed_call_is_answered_and_recorded(stack):
+  proxy, store, upstream = stack
+  client = _client(proxy, "stream-1")
+  messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+  chunks = list(client.chat.completions.create(model="tiny-policy", messages=messages,
+                                               max_tokens=8, temperature=0, stream=True))
+  text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+  assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+  [record] = _assert_records_are_the_sampled_ids(proxy, store, upstream, "stream-1")
+  assert (record.response.get("content") or "") == text
