@@ -27,6 +27,10 @@ def main(argv):
   config = _CONFIG.value
   if config is None:
     raise app.UsageError("--config is required, e.g. --config experiments/swe_rpr.py")
+  # Compiled programs are reused from disk by later processes and by a second engine of the
+  # same shapes in this one (ORCHARD_JAX_COMPILATION_CACHE=0 turns it off; compile_cache.py).
+  from launch import compile_cache
+  logging.info("JAX compilation cache: %s", compile_cache.enable() or "off")
   # On a multi-host Job (launch/k8s/training.py) join the other hosts before any device use.
   from orchard_jax.parallel import distributed
   if distributed.initialize_from_env():
