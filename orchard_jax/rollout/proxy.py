@@ -279,7 +279,8 @@ class RecordingProxy:
     freeze_gc: on entering, move every object alive in the process to the garbage
       collector's permanent generation (`gc.freeze`), so full collections, which otherwise
       stall the proxy's event loop for ~0.2 s in a process holding JAX and transformers,
-      scan only objects made afterwards. A process-wide setting; pass False to leave it.
+      scan only objects made afterwards; leaving unfreezes them (`gc.unfreeze`). A
+      process-wide setting; pass False to leave the collector alone.
   """
 
   def __init__(self, upstream: Union[SGLangUpstream, OpenAIUpstream], *, tokenizer: Any = None,
@@ -356,6 +357,8 @@ class RecordingProxy:
 
   def __exit__(self, *exc: Any) -> None:
     self._server.stop()
+    if self.freeze_gc:
+      gc.unfreeze()   # frozen objects that became garbage meanwhile can be collected again
     if self.writer is not None:
       try:
         self.writer.close(timeout_s=60.0)
