@@ -14,9 +14,11 @@ costs that matter on CPU are memory layout and weight traffic, not FLOPs:
     (reads k weight sets per token, never the unselected experts);
   - otherwise every expert runs on the n tokens as one batched matmul over experts in the
     weights' own [experts, hidden, mlp] layout (no per-step weight transpose), the (mostly
-    zero) combine weights scale the hidden activations, and the down projection is a single
-    2-D matmul contracting (expert, mlp). Reading all expert weights once costs less than
-    gathering k per token when n * k >= experts.
+    zero) combine weights scale the hidden activations, and the down projection is a third
+    batched matmul over experts followed by a sum over experts (on XLA:CPU about 25% faster
+    for the MoE block than one 2-D matmul contracting (expert, mlp), which needed an
+    [experts, n, mlp] -> [n, experts * mlp] transpose). Reading all expert weights once costs
+    less than gathering k per token when n * k >= experts.
   Both compute the same y as models.moe's other paths (module docstring there) up to float
   rounding, and no assignment is ever dropped.
 """
@@ -105,5 +107,5 @@ def decode_dispatch(x: jax.Array, weights: jax.Array, indices: jax.Array, valid:
   xe = jnp.broadcast_to(xf, (e, n, d))
   hidden = jax.nn.silu(jax.lax.batch_matmul(xe, w_gate)) * jax.lax.batch_matmul(xe, w_up)
   hidden = hidden * combine.T[:, :, None].astype(hidden.dtype)                # [e, n, f]
-  y = hidden.transpose(1, 0, 2).reshape(n, e * f) @ w_down.reshape(e * f, d)
+  y = jnp.sum(jax.lax.batch_matmul(hidden, w_down), axis=0)                   # [n, d]
   return y.reshape(b, s, d)
