@@ -341,8 +341,7 @@ class RecordingProxy:
     if self.writer is not None:
       self.writer.submit(session_id, build, wake=False)   # woken once the answer is sent
 
-  async def _wake_writer(self) -> None:
-    """Async on purpose: Starlette runs a sync background task in its thread pool."""
+  def _wake_writer(self) -> None:
     if self.writer is not None:
       self.writer.wake()
 
@@ -404,7 +403,7 @@ class RecordingProxy:
 
     @app.delete("/sessions/{session_id}")
     async def end(session_id: str):
-      await self._wake_writer()
+      self._wake_writer()
       while self.writer is not None and self.writer.pending(session_id):
         await asyncio.sleep(0.001)
       self._forget(session_id)
@@ -443,8 +442,9 @@ class RecordingProxy:
 
   async def _after_answer(self, session: _Session) -> None:
     """Work left for after the answer was sent: wake the record writer, and render the
-    returned turn for the session's next call (`PromptBuilder.prepare`)."""
-    await self._wake_writer()
+    returned turn for the session's next call (`PromptBuilder.prepare`). A coroutine, since
+    Starlette runs a plain function given as a background task in its thread pool."""
+    self._wake_writer()
     todo, session.unprepared = session.unprepared, None
     if todo is not None and self.builder is not None:
       self.builder.prepare(*todo)
