@@ -281,6 +281,11 @@ class RecordingProxy:
       stall the proxy's event loop for ~0.2 s in a process holding JAX and transformers,
       scan only objects made afterwards; leaving unfreezes them (`gc.unfreeze`). A
       process-wide setting; pass False to leave the collector alone.
+
+  Attributes:
+    app: the FastAPI app (health, models, session end, OpenAPI schema). The server puts
+      `_ChatFastPath` in front of it, so chat completions do not pass through middleware
+      added to `app`.
   """
 
   def __init__(self, upstream: Union[SGLangUpstream, OpenAIUpstream], *, tokenizer: Any = None,
