@@ -92,8 +92,9 @@ def run() -> list[common.Row]:
 
   import httpx
 
-  logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
   from orchard_jax.data import tiny_tokenizer
+
+  logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
 
   tokenizer = tiny_tokenizer()
   ctx = multiprocessing.get_context("spawn")
