@@ -12,16 +12,21 @@ costs that matter on CPU are memory layout and weight traffic, not FLOPs:
 * MoE ("decode" dispatch, ModelConfig.moe_dispatch): with n tokens and top-k routing,
   - n * k < experts: gather each assignment's expert weights and run batched mat-vecs
     (reads k weight sets per token, never the unselected experts);
-  - otherwise every expert runs on the n tokens as one batched matmul over experts in the
-    weights' own [experts, hidden, mlp] layout (no per-step weight transpose), the (mostly
-    zero) combine weights scale the hidden activations, and the down projection is a third
-    batched matmul over experts followed by a sum over experts (on XLA:CPU about 25% faster
-    for the MoE block than one 2-D matmul contracting (expert, mlp), which needed an
-    [experts, n, mlp] -> [n, experts * mlp] transpose). Reading all expert weights once costs
-    less than gathering k per token when n * k >= experts.
+  - otherwise tokens are grouped by expert into [experts, capacity, hidden] buffers (one-hot
+    dispatch and combine matmuls, tiny at decode sizes) and every expert runs on its buffer as
+    one batched matmul over experts in the weights' own [experts, hidden, mlp] layout (no
+    per-step weight transpose). The capacity is picked at run time (lax.switch) as the
+    smallest of a few sizes (1.5, 2 and 3 times the mean load n * k / experts, and n) that
+    holds the fullest expert, so nothing is dropped and the work follows the routing: at 8
+    tokens, top-2 of 8 experts, the fullest expert holds 3-4 tokens about 3 times in 4 and
+    the MoE block runs about 15% faster than with all n tokens in every expert (capacity n,
+    what the "dense" reference computes). Reading all expert weights once costs less than
+    gathering k per token when n * k >= experts.
   Both compute the same y as models.moe's other paths (module docstring there) up to float
   rounding, and no assignment is ever dropped.
 """
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -102,10 +107,33 @@ def decode_dispatch(x: jax.Array, weights: jax.Array, indices: jax.Array, valid:
         jax.lax.batch_matmul(xs, jnp.take(w_up, ids, axis=0)))                # [n*k, 1, f]
     y = jax.lax.batch_matmul(hidden, jnp.take(w_down, ids, axis=0)).reshape(n, k, d)
     return jnp.einsum("nkd,nk->nd", y, w.astype(y.dtype)).reshape(b, s, d)
-  combine = jnp.sum(jax.nn.one_hot(indices.reshape(n, k), e, dtype=jnp.float32)
-                    * w[..., None], axis=1)                                    # [n, e]
-  xe = jnp.broadcast_to(xf, (e, n, d))
-  hidden = jax.nn.silu(jax.lax.batch_matmul(xe, w_gate)) * jax.lax.batch_matmul(xe, w_up)
-  hidden = hidden * combine.T[:, :, None].astype(hidden.dtype)                # [e, n, f]
-  y = jnp.sum(jax.lax.batch_matmul(hidden, w_down), axis=0)                   # [n, d]
+  onehot = jax.nn.one_hot(indices.reshape(n, k), e, dtype=jnp.float32)        # [n, k, e]
+  combine = jnp.sum(onehot * w[..., None], axis=1)                             # [n, e]
+  # A token routes to an expert at most once: routed is 0/1, rank is the token's slot in
+  # that expert's buffer (order of arrival), most is the fullest expert's token count.
+  routed = jnp.sum(onehot, axis=1) * valid.reshape(n, 1).astype(jnp.float32)   # [n, e]
+  rank = jnp.cumsum(routed, axis=0) - routed
+  most = jnp.max(jnp.sum(routed, axis=0))
+  caps = _capacities(n, k, e)
+
+  def run(cap):
+    def branch(xf, combine, routed, rank):
+      slot = (routed[:, :, None] > 0) & (rank[:, :, None] == jnp.arange(cap, dtype=jnp.float32))
+      dispatch = slot.astype(xf.dtype)                                         # [n, e, cap]
+      buf = jnp.einsum("nec,nd->ecd", dispatch, xf)                            # [e, cap, d]
+      hidden = jax.nn.silu(jax.lax.batch_matmul(buf, w_gate)) * jax.lax.batch_matmul(buf, w_up)
+      out = jax.lax.batch_matmul(hidden, w_down)                               # [e, cap, d]
+      gate = dispatch * combine[:, :, None].astype(xf.dtype)
+      return jnp.einsum("nec,ecd->nd", gate, out)
+    return branch
+
+  branch = jnp.sum(jnp.asarray(caps[:-1]) < most)
+  y = jax.lax.switch(branch, [run(c) for c in caps], xf, combine, routed, rank)
   return y.reshape(b, s, d)
+
+
+def _capacities(n: int, k: int, experts: int) -> tuple[int, ...]:
+  """Per-expert buffer sizes the all-experts decode path picks from at run time: 1.5, 2 and 3
+  times the mean load n * k / experts (rounded up), and n (every token; never drops)."""
+  mean = n * k / experts
+  return tuple(sorted({min(n, math.ceil(m * mean)) for m in (1.5, 2, 3)} | {n}))

@@ -1,8 +1,8 @@
 """Decode-time kernels (models.decode) against NumPy re-implementations: the cache write in the
 [batch, kv_heads, max_len, head_dim] layout (padding dropped), grouped-query attention over the
 cache, and the "decode" MoE dispatch in both of its regimes (gathered experts when tokens * k <
-experts, all experts otherwise), including padding tokens; and the MoE block with
-moe_dispatch="decode" against the dense reference path."""
+experts, experts over per-expert buffers otherwise, every run-time capacity), including padding
+tokens; and the MoE block with moe_dispatch="decode" against the dense reference path."""
 import dataclasses
 
 import jax.numpy as jnp
@@ -44,6 +44,28 @@ def test_decode_dispatch_matches_numpy(batch, seq):
   got = decode.decode_dispatch(*map(jnp.asarray, (x, weights, indices, valid, wg, wu, wd)))
   want = _np_swiglu_moe(x.reshape(-1, d), weights.reshape(-1, k), indices.reshape(-1, k),
                         valid.reshape(-1), wg, wu, wd).reshape(batch, seq, d)
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fullest", [3, 4, 6, 8])
+def test_decode_dispatch_capacity_holds_the_fullest_expert(fullest):
+  """8 tokens, top-2 of 8 experts: the first `fullest` tokens all pick expert 5, the others
+  spread, so each run-time capacity branch (3, 4, 6, 8) is taken; nothing may be dropped."""
+  rng = np.random.default_rng(fullest)
+  n, e, k, d, f = 8, 8, 2, 16, 12
+  others = [x for x in range(e) if x != 5]
+  indices = np.array([[5, others[t % 7]] if t < fullest else
+                      [others[2 * t % 7], others[(2 * t + 1) % 7]] for t in range(n)], np.int32)
+  assert np.bincount(indices.ravel()).max() == fullest
+  x = rng.normal(size=(n, 1, d)).astype(np.float32)
+  weights = rng.uniform(0.1, 1.0, (n, 1, k)).astype(np.float32)
+  valid = np.ones((n, 1), bool)
+  wg, wu = (rng.normal(size=(e, d, f)).astype(np.float32) * 0.3 for _ in range(2))
+  wd = rng.normal(size=(e, f, d)).astype(np.float32) * 0.3
+  got = decode.decode_dispatch(*map(jnp.asarray, (x, weights, indices[:, None], valid, wg, wu,
+                                                   wd)))
+  want = _np_swiglu_moe(x.reshape(n, d), weights.reshape(n, k), indices, valid.reshape(n), wg,
+                        wu, wd).reshape(n, 1, d)
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
 
 
