@@ -106,6 +106,7 @@ def swe_base(preset="tiny"):
   c.engine = ml_collections.ConfigDict(dict(
       urls="",                       # SGLang native URLs (comma-separated); "" = embedded engine
       max_batch_size=8, max_seq_len=65536 if big else 4096, decode_steps=16,
+      prefix_cache=True,             # embedded engine: reuse the previous turn's cached prefix
       weights_dir="",                # where remote engines load new weights from (shared disk)
       served_model_name="policy"))
   # Tiny: temperature 0.8, top_p 1.0. The tiny policy memorises its two SFT trajectories and

@@ -188,8 +188,8 @@ class PolicyService:
             max_batch_size=int(ec.max_batch_size),
             batch_buckets=_batch_buckets(int(ec.max_batch_size)),
             max_seq_len=int(ec.max_seq_len), decode_steps=int(ec.decode_steps),
-            seed=self.engine_seed), model_path=self.config.policy.init or "orchard_jax",
-            weight_version="0")
+            prefix_cache=bool(ec.get("prefix_cache", True)), seed=self.engine_seed),
+            model_path=self.config.policy.init or "orchard_jax", weight_version="0")
         server = rollout.InferenceServer(engine, served_model_name=ec.served_model_name,
                                          tool_call_parser=self.config.policy.tool_call_parser)
         server.__enter__()

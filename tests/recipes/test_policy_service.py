@@ -47,3 +47,25 @@ def test_remote_engines_load_new_weights_from_the_weights_folder(tmp_path):
                                   init=folder)
   for a, b in zip(jax.tree.leaves(nnx.to_pure_dict(nnx.state(again, nnx.Param))), expected):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_embedded_engine_takes_the_prefix_cache_switch_from_the_config(tmp_path, prefix_cache):
+  config = swe_rpr.get_config()
+  config.policy.update(conftest.MINI_POLICY)
+  config.engine.prefix_cache = prefix_cache
+  tokenizer = swe_policy.load_tokenizer(config.policy)
+  model = swe_policy.build_policy(config.policy, parallel.make_mesh(config.mesh),
+                                  vocab_size=tokenizer.vocab_size, seed=0)
+  with data.TrajectoryStore(str(tmp_path / "store")) as store:
+    with swe_policy.PolicyService(config, model, tokenizer, store) as service:
+      assert service.engine.config.prefix_cache is prefix_cache
+      # Two turns of one session: the second reuses the first's prompt only with the cache on.
+      ids = [1, 2, 3, 4, 5, 6, 7, 8]
+      request = rollout.SingleGenerateRequest(
+          input_ids=ids, sampling_params=rollout.SamplingParams(
+              max_new_tokens=2, temperature=0.0, ignore_eos=True))
+      [first] = service.engine.generate([request])
+      follow = request.model_copy(update={"input_ids": ids + first.output_ids + [9]})
+      [second] = service.engine.generate([follow])
+      assert (second.meta_info.cached_tokens > 0) is prefix_cache
