@@ -7,7 +7,9 @@ here first, so a misspelt field fails on the laptop, not minutes later in a clus
 import importlib.util
 import os
 import re
+import sys
 
+from absl import flags
 from ml_collections.config_flags import config_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,3 +84,66 @@ def parse_like(current, text: str):
     return text
   raise TypeError(f"overriding a field of type {type(current).__name__} from the command line "
                   "is not supported")
+
+
+def flags_parser(*file_flags: str):
+  """An absl `flags_parser` for `app.run` that turns config mistakes into one-line errors.
+
+  Checks that every config-file flag named in `file_flags` (e.g. "config", "fleet") names an
+  existing file before absl loads it (ml_collections raises a long traceback otherwise, and only
+  once the config is first read), then parses the flags, catching an override of a field the
+  config lacks (`--config.rl.lrr=1`) or a value its type cannot parse. Each is written to stderr
+  as `error: ...` and the process exits with status 2.
+
+  Args:
+    file_flags: names of the `config_flags.DEFINE_config_file` flags, without dashes.
+  Returns:
+    fn(argv) -> remaining argv, to pass as `app.run(main, flags_parser=...)`.
+  """
+  def parse(argv: list[str]) -> list[str]:
+    for name in file_flags:
+      problem = _missing_config_file(argv, name)
+      if problem:
+        sys.stderr.write(f"error: {problem}\n")
+        sys.exit(2)
+    try:
+      return flags.FLAGS(argv)
+    except (flags.Error, ValueError) as e:     # --config.rl.lr=abc; an unknown preset
+      lines = [line for line in str(e).splitlines() if line.strip()]
+      if "Error whilst parsing config file" in str(e):   # ml_collections embeds the traceback
+        lines = [lines[0].rstrip(":"), lines[-1]]
+      sys.stderr.write("error: " + "\n  ".join(lines) + "\n")
+      sys.exit(2)
+    except (AttributeError, KeyError) as e:
+      prefixes = tuple(f"--{name}." for name in file_flags)
+      given = [a.split("=", 1)[0] for a in argv[1:] if a.startswith(prefixes)]
+      message = str(e.args[0] if e.args else e).replace("\\n", "\n").replace("\\'", "'")
+      names = re.findall(r"'([A-Za-z_][A-Za-z0-9_]*)'", message)
+      key = names[0] if names else message
+      culprit = [o for o in given if o.split(".")[-1] == key] or given
+      sys.stderr.write(f"error: unknown config field {key!r} in {', '.join(culprit)}: an "
+                       "override must name a field the config file defines (the config is "
+                       "locked)." + missing_field_hint(e) + "\n")
+      sys.exit(2)
+  return parse
+
+
+def _missing_config_file(argv: list[str], name: str) -> str | None:
+  """Why the `--name PATH[:preset]` (or `--name=PATH[:preset]`) argument names no file, or None.
+  """
+  value = None
+  for i, arg in enumerate(argv[1:], start=1):
+    if arg == f"--{name}" and i + 1 < len(argv):
+      value = argv[i + 1]
+    elif arg.startswith(f"--{name}="):
+      value = arg.split("=", 1)[1]
+  if not value:
+    return None
+  path = value.partition(":")[0]
+  if os.path.isfile(path):
+    return None
+  message = f"--{name} {value}: no such file {os.path.abspath(path)!r}"
+  if not os.path.isabs(path) and os.path.isfile(os.path.join(ROOT, path)):
+    message += (f"; relative paths are taken from the current directory ({os.getcwd()}): run "
+                f"from the repository root ({ROOT}) or pass {os.path.join(ROOT, value)}")
+  return message

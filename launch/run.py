@@ -5,13 +5,11 @@ Any config field can be overridden from the command line, e.g.
 The config's `job` field names the recipe to run (see orchard_jax.recipes.JOBS).
 """
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
@@ -42,31 +40,5 @@ def main(argv):
   recipes.run_job(config)
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with a clear error for a --config.FIELD override the config lacks.
-
-  ml_collections raises a bare AttributeError/KeyError naming only the missing key while the
-  flags are parsed; this turns it into a usage error that names the override and the fix.
-  """
-  try:
-    return flags.FLAGS(argv)
-  except (flags.Error, ValueError) as e:     # --config.rl.lr=abc; an unknown preset
-    lines = [line for line in str(e).splitlines() if line.strip()]
-    if "Error whilst parsing config file" in str(e):   # ml_collections embeds the traceback
-      lines = [lines[0].rstrip(":"), lines[-1]]
-    sys.stderr.write("error: " + "\n  ".join(lines) + "\n")
-    sys.exit(2)
-  except (AttributeError, KeyError) as e:
-    given = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
-    message = str(e.args[0] if e.args else e).replace("\\n", "\n").replace("\\'", "'")
-    names = re.findall(r"'([A-Za-z_][A-Za-z0-9_]*)'", message)
-    key = names[0] if names else message
-    culprit = [o for o in given if o.split(".")[-1] == key] or given
-    sys.stderr.write(f"error: unknown config field {key!r} in {', '.join(culprit)}: an override "
-                     "must name a field the config file defines (the config is locked)."
-                     + overrides.missing_field_hint(e) + "\n")
-    sys.exit(2)
-
-
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=overrides.flags_parser("config"))

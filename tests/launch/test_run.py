@@ -64,3 +64,30 @@ def test_unknown_preset_is_one_line_naming_the_presets():
   assert "preset 'bogus' is not one of the model presets" in result.stderr
   result = _run(["--config", "experiments/swe_rpr.py:bogus"])
   assert result.returncode == 2 and "preset 'bogus' is not one of" in result.stderr
+
+
+def test_missing_config_file_is_one_line_pointing_at_the_repository_root(tmp_path):
+  # A user running from another directory: the relative experiment path does not resolve.
+  result = _run(["--config", "experiments/swe_eval.py"], cwd=str(tmp_path))
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert "--config experiments/swe_eval.py: no such file" in result.stderr
+  assert os.path.join(ROOT, "experiments", "swe_eval.py") in result.stderr
+  result = _run(["--config=experiments/swe_evl.py:tiny"])        # a typo in the file name
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert "no such file" in result.stderr
+
+
+def test_sweep_and_fleet_report_config_mistakes_in_one_line(tmp_path):
+  def launcher(script, *args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+  result = launcher("sweep.py", "--config", "experiments/swe_rpr.py:cluster", "--config.rl.lrr=1",
+                    "--sweep", "rl.lr=1e-6,3e-6", "--render")
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert "unknown config field 'lrr' in --config.rl.lrr" in result.stderr
+  result = launcher("fleet.py", "up", "--dry-run", "--config", "launch/k8s/config.py",
+                    "--config.imgae=x")
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert "unknown config field 'imgae'" in result.stderr and '"image"' in result.stderr
+  result = launcher("fleet.py", "up", "--dry-run", "--config", "launch/k8s/confg.py")
+  assert result.returncode == 2 and "no such file" in result.stderr
