@@ -79,3 +79,14 @@ def test_predictions_file_in_swe_bench_format(parse_tasks, tmp_path):
   (tmp_path / "other.jsonl").write_text(json.dumps({"instance_id": "x", "model_patch": ""}) + "\n")
   with pytest.raises(evaluation.EvaluationError, match="names an instance"):
     evaluation.load_predictions(str(tmp_path / "other.jsonl"), instances)
+
+
+def test_broken_predictions_file_names_the_line(tmp_path):
+  # A JSONL file: a good record, a blank line, a broken line; the error names line 3.
+  path = tmp_path / "preds.jsonl"
+  path.write_text(json.dumps({"instance_id": "a", "model_patch": ""}) + "\n\nnot json\n")
+  with pytest.raises(evaluation.EvaluationError, match=r"line 3 is not a JSON object.*not json"):
+    evaluation.load_predictions(str(path), [])
+  (tmp_path / "preds.json").write_text('{"instance_id": "a"}\n{"instance_id": "b"}\n')
+  with pytest.raises(evaluation.EvaluationError, match=r"not valid JSON.*\.jsonl"):
+    evaluation.load_predictions(str(tmp_path / "preds.json"), [])

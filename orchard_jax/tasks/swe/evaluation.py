@@ -192,14 +192,23 @@ def load_predictions(source: str, instances: Sequence[SWEInstance]) -> dict[str,
                           f"{source!r} does not exist")
   with open(source, encoding="utf-8") as f:
     text = f.read()
-  try:
-    if source.endswith(".jsonl"):
-      records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    else:
+  if source.endswith(".jsonl"):
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+      if not line.strip():
+        continue
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError as e:
+        raise EvaluationError(f"{source}: line {number} is not a JSON object ({e}): "
+                              f"{line[:200]!r}") from None
+  else:
+    try:
       data = json.loads(text)
-      records = list(data.values()) if isinstance(data, dict) else data
-  except json.JSONDecodeError as e:
-    raise EvaluationError(f"{source}: not valid JSON/JSONL ({e})") from None
+    except json.JSONDecodeError as e:
+      raise EvaluationError(f"{source}: not valid JSON ({e}); a file of one prediction per "
+                            "line should end in .jsonl") from None
+    records = list(data.values()) if isinstance(data, dict) else data
   predictions = {}
   for n, record in enumerate(records):
     if not isinstance(record, dict) or "instance_id" not in record:
