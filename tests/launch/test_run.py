@@ -50,6 +50,7 @@ def test_unknown_job_names_the_known_jobs(tmp_path):
                  "--config.rl.lr=3e-6"])
   assert result.returncode != 0
   assert "config.job is 'no.such_job'; expected one of" in result.stderr
+  assert result.returncode == 2 and "Traceback" not in result.stderr
 
 
 def test_missing_config_flag_is_a_usage_error():
