@@ -2,6 +2,7 @@
 import dataclasses
 import importlib
 import json
+import os
 import statistics
 import time
 from typing import Callable, Optional
@@ -68,6 +69,8 @@ def print_table(suite: str, rows: list[Row]) -> None:
 
 
 def write_json(path: str, rows: list[Row]) -> None:
+  """Writes the rows (with their ratios) as a JSON list to `path`, creating its folder."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w") as f:
     json.dump([dict(dataclasses.asdict(r), ratio=r.ratio) for r in rows], f, indent=1)
 

@@ -1,0 +1,20 @@
+"""launch/bench.py's output: --json writes every row with its ratio, into a folder it creates."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from launch.benchmarks import common  # noqa: E402
+
+
+def test_json_rows_land_in_a_folder_that_did_not_exist(tmp_path):
+  # A user passing --json results/run1/bench.json after a long benchmark: the folder is made
+  # rather than the measured rows lost to FileNotFoundError.
+  rows = [common.Row("decode batch 8", "tokens/s", 300.0, 200.0, "transformers"),
+          common.Row("exec p50", "ms", 4.0, 2.0, "bwrap", higher_is_better=False)]
+  path = tmp_path / "results" / "run1" / "bench.json"
+  common.write_json(str(path), rows)
+  written = json.loads(path.read_text())
+  assert [r["case"] for r in written] == ["decode batch 8", "exec p50"]
+  assert [r["ratio"] for r in written] == [300.0 / 200.0, 2.0 / 4.0]
