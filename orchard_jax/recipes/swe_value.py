@@ -42,8 +42,17 @@ class LabelledSequence:
 
 
 def stores_of(config) -> list[str]:
-  """The stores config.value.stores names (default: every runs/*/store)."""
+  """The stores config.value.stores names (default: every runs/*/store).
+
+  Raises:
+    FileNotFoundError: a named store does not exist (opening it would create an empty one).
+  """
   stores = [s for s in tuple(config.value.stores) if s]
+  missing = [s for s in stores if not os.path.isdir(s)]
+  if missing:
+    raise FileNotFoundError(f"value.stores names {missing}, which do not exist (expected "
+                            "trajectory store folders such as runs/swe_rpr_tiny/store; relative "
+                            f"to {os.getcwd()})")
   if not stores:
     stores = sorted(glob.glob(os.path.join("runs", "*", "store")))
   return stores
