@@ -30,10 +30,7 @@ def stats(config: ConfigDict) -> data.DatasetStats:
   stats.tokenizer (the student's). "too_long" flags trajectories over stats.max_tokens.
   """
   sc = config.stats
-  path = store_path(config)
-  if not os.path.isdir(path):
-    raise DistillError(f"no trajectory store at {path!r}; run the collect job first or set "
-                       "--config.store=PATH")
+  path = _existing_store(config)
   tokenizer = data.load_tokenizer(sc.tokenizer) if sc.tokenizer else None
   with data.TrajectoryStore(path) as store:
     trajectories = store.trajectories(experiment=config.experiment or None)
@@ -47,6 +44,16 @@ def stats(config: ConfigDict) -> data.DatasetStats:
     json.dump(result.summary(), f, indent=2, default=float)
   print(f"\nplots: {', '.join(str(p) for p in written)}", flush=True)
   return result
+
+
+def _existing_store(config: ConfigDict) -> str:
+  """The store path the config names; raises DistillError when there is none (opening a
+  missing path would create an empty store)."""
+  path = store_path(config)
+  if not os.path.isdir(path):
+    raise DistillError(f"no trajectory store at {path!r}; run the collect job first or set "
+                       "--config.store=PATH")
+  return path
 
 
 def per_task_table(result: data.DatasetStats) -> str:
@@ -71,10 +78,10 @@ def export(config: ConfigDict) -> dict[str, Any]:
   Returns:
     {"trajectories": n, "miniswe_files": [...], "hf_path": str | None}.
   Raises:
-    DistillError: the store holds no such trajectory.
+    DistillError: there is no store, or it holds no such trajectory.
   """
   ec = config.export
-  with data.TrajectoryStore(store_path(config)) as store:
+  with data.TrajectoryStore(_existing_store(config)) as store:
     trajectories = store.trajectories(experiment=config.experiment or None)
   if not trajectories:
     raise DistillError(f"store {store_path(config)!r} holds no trajectories of experiment "
