@@ -16,13 +16,49 @@ from orchard_jax.env.manager import ServiceConfig
 from orchard_jax.env.orchestrator import Orchestrator, load_api_keys
 
 
+def _port(text: str) -> int:
+  """argparse type: a TCP port number, 0-65535 (0: any free port)."""
+  try:
+    port = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a port number 0-65535; saw {text!r}") from None
+  if not 0 <= port <= 65535:
+    raise argparse.ArgumentTypeError(f"expected a port number 0-65535; saw {port}")
+  return port
+
+
+def _json_object(parser, flag: str, text: str) -> dict:
+  """The JSON object given to `flag`, or a usage error naming the flag."""
+  try:
+    value = json.loads(text)
+  except json.JSONDecodeError as e:
+    parser.error(f"{flag}: not valid JSON ({e}): {text!r}")
+  if not isinstance(value, dict):
+    parser.error(f"{flag}: expected a JSON object; saw {text!r}")
+  return value
+
+
+def _check_args(parser, args) -> None:
+  """Usage errors for arguments argparse cannot check itself (files, JSON, field names)."""
+  import dataclasses
+  import os
+  if args.api_keys_file and not os.path.isfile(args.api_keys_file):
+    parser.error(f"--api-keys-file {args.api_keys_file!r} does not exist")
+  fields = {f.name for f in dataclasses.fields(ServiceConfig)}
+  unknown = sorted(set(_json_object(parser, "--config-json", args.config_json)) - fields)
+  if unknown:
+    parser.error(f"--config-json: unknown ServiceConfig field(s) {unknown}; expected some of "
+                 f"{sorted(fields)}")
+  _json_object(parser, "--kubernetes-config-json", args.kubernetes_config_json)
+
+
 def _parser():
   parser = argparse.ArgumentParser(prog="python -m orchard_jax.env")
   sub = parser.add_subparsers(dest="command", required=True)
   serve = sub.add_parser("serve", help="run the Orchard Env service")
   serve.add_argument("--backend", choices=("local", "kubernetes"), default="local")
   serve.add_argument("--host", default="127.0.0.1")
-  serve.add_argument("--port", type=int, default=8080)
+  serve.add_argument("--port", type=_port, default=8080)
   serve.add_argument("--api-keys-file", default=None)
   serve.add_argument("--public-url", default=None, help="base URL used in exposed-port URLs")
   serve.add_argument("--log-level", default="info")
@@ -70,7 +106,9 @@ def _store(url):
 
 
 def main(argv=None):
-  args = _parser().parse_args(argv)
+  parser = _parser()
+  args = parser.parse_args(argv)
+  _check_args(parser, args)
   logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
   keys = load_api_keys(args.api_keys_file)
   if not keys:

@@ -1,0 +1,29 @@
+"""`python -m orchard_jax.env serve`: bad arguments are usage errors before anything starts."""
+import pytest
+
+from orchard_jax.env import __main__ as cli
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--port", "99999"], "expected a port number 0-65535; saw 99999"),
+    (["--port", "http"], "expected a port number 0-65535; saw 'http'"),
+    (["--api-keys-file", "/nonexistent/keys.txt"], "--api-keys-file '/nonexistent/keys.txt' does "
+                                                    "not exist"),
+    (["--config-json", "{bad"], "--config-json: not valid JSON"),
+    (["--config-json", "[1]"], "--config-json: expected a JSON object"),
+    (["--config-json", '{"default_timeot": 5}'], "unknown ServiceConfig field(s) "
+                                                  "['default_timeot']"),
+    (["--kubernetes-config-json", "{x"], "--kubernetes-config-json: not valid JSON"),
+])
+def test_bad_serve_arguments_are_usage_errors(argv, expected, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["serve", *argv])
+  assert exit_info.value.code == 2
+  assert expected in capsys.readouterr().err
+
+
+def test_good_arguments_pass_the_checks():
+  parser = cli._parser()
+  args = parser.parse_args(["serve", "--port", "0", "--config-json", '{"default_timeout": 60}'])
+  cli._check_args(parser, args)          # returns without a usage error
+  assert args.port == 0
