@@ -43,7 +43,9 @@ def main(argv):
     logging.info("process %d of %d joined the multi-host run", jax.process_index(),
                  jax.process_count())
   logging.info("job %s with config:\n%s", config.get("job"), config)
-  recipes.run_job(config)
+  result = recipes.run_job(config)
+  if getattr(result, "stopped_by", None) == "interrupted":   # a Ctrl-C the recipe handled
+    sys.exit(130)                                            # (its work is stored) still fails
 
 
 if __name__ == "__main__":
