@@ -49,7 +49,15 @@ def build_settings(tasks: ConfigDict) -> builder.BuildSettings:
 
 
 def load_task_set(tasks: ConfigDict, *, progress: bool = True) -> list[SWEInstance]:
-  """The instances the config names: a dataset file, or the default set (built if missing)."""
+  """The instances the config names: a dataset file, or the default set (built if missing),
+  cut to the first `tasks.limit` (0: all).
+
+  Raises:
+    ValueError: tasks.limit is negative (checked before anything is built or loaded).
+  """
+  limit = int(tasks.get("limit", 0))
+  if limit < 0:        # instances[:-1] would silently drop the last instance
+    raise ValueError(f"tasks.limit is {limit}; expected 0 (every instance) or a positive count")
   if tasks.dataset:
     instances = load_instances(tasks.dataset)
   else:
@@ -58,7 +66,7 @@ def load_task_set(tasks: ConfigDict, *, progress: bool = True) -> list[SWEInstan
     if not task_set.from_cache:
       print(task_set.summary(), flush=True)
     instances = task_set.instances
-  return instances[:tasks.limit] if tasks.get("limit", 0) else instances
+  return instances[:limit] if limit else instances
 
 
 def build_tasks(config: ConfigDict) -> builder.TaskSet:
