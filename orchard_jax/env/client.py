@@ -57,25 +57,14 @@ class SandboxClient:
     self.url, self.api_key = _http.resolve(url, api_key)
     self.timeout = timeout
     self.retry = retry
-    self._http = self._new_http()
+    self._http = httpx.Client(base_url=self.url, headers={"X-API-Key": self.api_key},
+                              timeout=timeout, limits=httpx.Limits(max_keepalive_connections=32))
     self._owned = {}
     self.client_id = secrets.token_hex(8)   # label of every sandbox this client creates
     self._created_any = False
     self._lock = threading.Lock()
 
   # ------------------------------------------------------------------ plumbing
-  def _new_http(self) -> httpx.Client:
-    return httpx.Client(base_url=self.url, headers={"X-API-Key": self.api_key},
-                        timeout=self.timeout,
-                        limits=httpx.Limits(max_keepalive_connections=32))
-
-  def _after_interrupt(self) -> None:
-    """Clean-up after Ctrl-C uses fresh connections: a KeyboardInterrupt raised inside an
-    in-flight request can leave httpx's connection pool half-updated (a connection never
-    released, a lock held), and the DELETE calls of the clean-up would then wait on it forever
-    with Ctrl-C deferred. The old pool is dropped without close() for the same reason."""
-    self._http = self._new_http()
-
   def request(self, method: str, path: str, *, idempotent: bool = False,
               timeout: Optional[float] = None, **kwargs) -> httpx.Response:
     """One HTTP call with the retry policy; raises the EnvError the service answered with."""
@@ -193,9 +182,7 @@ class SandboxClient:
   def __enter__(self) -> "SandboxClient":
     return self
 
-  def __exit__(self, exc_type, *exc) -> None:
-    if exc_type is not None and not issubclass(exc_type, Exception):   # Ctrl-C, SystemExit
-      self._after_interrupt()
+  def __exit__(self, *exc) -> None:
     self.close()
 
 
@@ -220,10 +207,8 @@ class Sandbox:
   def __enter__(self) -> "Sandbox":
     return self
 
-  def __exit__(self, exc_type, *exc) -> None:
+  def __exit__(self, *exc) -> None:
     with _no_interrupts():
-      if exc_type is not None and not issubclass(exc_type, Exception):   # Ctrl-C, SystemExit
-        self.client._after_interrupt()
       self.delete()
 
   def _path(self, suffix=""):
