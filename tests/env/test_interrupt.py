@@ -23,8 +23,14 @@ def local_service(tmp_path_factory):
 
 def test_ctrl_c_deletes_the_sandboxes_a_client_created(local_service, tmp_path):
   script = tmp_path / "user.py"
+  # A user's shell starts Python with Ctrl-C unblocked and handled by default. A child inherits
+  # the signal mask and ignored signals of the process that starts it, and the full suite's
+  # pytest process can carry a blocked SIGINT from an earlier test's library: reset both, or
+  # the Ctrl-C below never arrives (that was this test's full-suite-only timeout).
   script.write_text(textwrap.dedent(f"""
-      import sys, time
+      import signal, sys, time
+      signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+      signal.signal(signal.SIGINT, signal.default_int_handler)
       from orchard_jax.env import SandboxClient
       with SandboxClient({local_service.url!r}, {local_service.api_key!r}) as env:
         kept = env.create_sandbox()            # owned by the client
