@@ -26,12 +26,11 @@ def main(argv):
   if config is None:
     raise app.UsageError("--config is required, e.g. --config experiments/swe_rpr.py")
   from orchard_jax import recipes      # light: recipe modules load only when their job runs
-  if "job" not in config or config.job not in recipes.JOBS:   # a typo: one line, before any work
-    try:
-      recipes.run_job(config)
-    except recipes.UnknownJobError as e:
-      sys.stderr.write(f"error: {e}\n")
-      sys.exit(2)
+  try:
+    recipes.check_job(config)          # a typo: one line, before any work
+  except recipes.UnknownJobError as e:
+    sys.stderr.write(f"error: {e}\n")
+    sys.exit(2)
   # Compiled programs are reused from disk by later processes and by a second engine of the
   # same shapes in this one (ORCHARD_JAX_COMPILATION_CACHE=0 turns it off; compile_cache.py).
   from launch import compile_cache

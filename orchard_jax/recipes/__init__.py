@@ -27,18 +27,35 @@ class UnknownJobError(ValueError):
   """Raised when a config names a job that no recipe provides."""
 
 
+def check_job(config: ConfigDict) -> str:
+  """Returns `config.job` once it names a job in JOBS, without importing the recipe's module.
+
+  Raises:
+    UnknownJobError: the config has no `job` field or names an unknown job; the message lists
+      the known jobs.
+  """
+  if "job" not in config:
+    raise UnknownJobError("the config has no 'job' field; set config.job in get_config()")
+  _check_name(config.job)
+  return config.job
+
+
 def resolve_job(name: str):
   """Returns the recipe function registered for job `name`.
 
   Raises:
     UnknownJobError: `name` is not in JOBS; the message lists the known jobs.
   """
-  if name not in JOBS:
-    known = ", ".join(sorted(JOBS)) or "(none registered)"
-    raise UnknownJobError(f"config.job is {name!r}; expected one of: {known}")
+  _check_name(name)
   module_name, function_name = JOBS[name].split(":")
   module = importlib.import_module(f"orchard_jax.recipes.{module_name}")
   return getattr(module, function_name)
+
+
+def _check_name(name: str) -> None:
+  if name not in JOBS:
+    known = ", ".join(sorted(JOBS)) or "(none registered)"
+    raise UnknownJobError(f"config.job is {name!r}; expected one of: {known}")
 
 
 def run_job(config: ConfigDict):
@@ -47,6 +64,4 @@ def run_job(config: ConfigDict):
   Raises:
     UnknownJobError: the config has no `job` field or names an unknown job.
   """
-  if "job" not in config:
-    raise UnknownJobError("the config has no 'job' field; set config.job in get_config()")
-  return resolve_job(config.job)(config)
+  return resolve_job(check_job(config))(config)

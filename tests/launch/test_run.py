@@ -92,3 +92,37 @@ def test_sweep_and_fleet_report_config_mistakes_in_one_line(tmp_path):
   assert "unknown config field 'imgae'" in result.stderr and '"image"' in result.stderr
   result = launcher("fleet.py", "up", "--dry-run", "--config", "launch/k8s/confg.py")
   assert result.returncode == 2 and "no such file" in result.stderr
+
+
+def test_a_config_without_a_job_field_is_one_line(tmp_path):
+  path = tmp_path / "nojob.py"
+  path.write_text("import ml_collections\n"
+                  "def get_config():\n"
+                  "  return ml_collections.ConfigDict(dict(lr=1.0))\n")
+  result = _run(["--config", str(path)])
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert "the config has no 'job' field" in result.stderr
+
+
+def test_checking_the_job_name_imports_no_recipe_module():
+  # run.py checks config.job before the compilation cache and distributed init: the check
+  # must not import the recipe (a heavy module, and one that may touch devices).
+  code = textwrap.dedent("""
+      import sys, ml_collections
+      from orchard_jax import recipes
+      config = ml_collections.ConfigDict(dict(job="swe.evaluate"))
+      assert recipes.check_job(config) == "swe.evaluate"
+      loaded = sorted(m for m in sys.modules if m.startswith("orchard_jax.recipes."))
+      print(loaded)
+      try:
+        recipes.check_job(ml_collections.ConfigDict(dict(job="swe.evalute")))
+      except recipes.UnknownJobError as e:
+        print(e)
+      """)
+  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  loaded, message = result.stdout.splitlines()
+  assert loaded == "[]"
+  assert message.startswith("config.job is 'swe.evalute'; expected one of: ")
+  assert "swe.evaluate" in message
