@@ -42,7 +42,11 @@ def main(argv):
     logging.info("process %d of %d joined the multi-host run", jax.process_index(),
                  jax.process_count())
   logging.info("job %s with config:\n%s", config.get("job"), config)
-  result = recipes.run_job(config)
+  try:
+    result = recipes.run_job(config)
+  except recipes.ConfigError as e:     # a missing checkpoint, predictions file, tokenizer...
+    sys.stderr.write(f"error: {e}\n")
+    sys.exit(2)
   if getattr(result, "stopped_by", None) == "interrupted":   # a Ctrl-C the recipe handled
     sys.exit(130)                                            # (its work is stored) still fails
 

@@ -23,7 +23,14 @@ JOBS = {
 }
 
 
-class UnknownJobError(ValueError):
+class ConfigError(ValueError):
+  """The config names something that does not exist or cannot be used (a job, a checkpoint, a
+  predictions file, a tokenizer, a store): the user's mistake, which launch/run.py reports as
+  one line (`error: ...`, exit status 2) instead of a traceback. Each recipe's own error type
+  for bad settings (PolicyError, DistillError, TeacherError) derives from it."""
+
+
+class UnknownJobError(ConfigError):
   """Raised when a config names a job that no recipe provides."""
 
 
@@ -50,6 +57,20 @@ def resolve_job(name: str):
   module_name, function_name = JOBS[name].split(":")
   module = importlib.import_module(f"orchard_jax.recipes.{module_name}")
   return getattr(module, function_name)
+
+
+def load_tokenizer(name: str, *, field: str):
+  """`data.load_tokenizer(name)` for the config field `field` (e.g. "policy.tokenizer").
+
+  Raises:
+    ConfigError: nothing loadable at `name` (a missing folder, an unknown hub name); the
+      message names the field.
+  """
+  from orchard_jax import data      # here, not at the top: this module stays light
+  try:
+    return data.load_tokenizer(name)
+  except data.TokenizerError as e:
+    raise ConfigError(f"{field}: {e}") from e
 
 
 def _check_name(name: str) -> None:

@@ -16,7 +16,7 @@ from absl import logging
 from flax import nnx
 from ml_collections import ConfigDict
 
-from orchard_jax import data, models, parallel, train
+from orchard_jax import data, models, parallel, recipes, train
 
 def split_heldout(texts: list[str], heldout_fraction: float) -> tuple[list[str], list[str]]:
   """Deterministic file-level split: a file is held out when crc32(text) falls in the fraction."""
@@ -82,7 +82,7 @@ def sft(config: ConfigDict) -> dict[str, Any]:
     {"heldout_loss", "unigram_loss", "train_loss", "steps", "workdir", ...}.
   """
   dc = config.data
-  tokenizer = data.load_tokenizer(dc.tokenizer)
+  tokenizer = recipes.load_tokenizer(dc.tokenizer, field="data.tokenizer")
   texts, fingerprint = data.stdlib_corpus(max_chars_per_file=dc.max_chars_per_file)
   train_texts, heldout_texts = split_heldout(texts, dc.heldout_fraction)
   end_id = tokenizer.token_to_id("<|endoftext|>")

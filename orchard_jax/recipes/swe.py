@@ -121,12 +121,23 @@ def evaluate(config: ConfigDict) -> evaluation.EvalSummary:
   """Job "swe.evaluate": grades config.predictions on the task set; prints the summary.
 
   With `config.checkpoint` set, evaluates a policy checkpoint instead (`evaluate_checkpoint`).
+
+  Raises:
+    ConfigError: config.predictions names no file (checked before the task set is loaded), or
+      the file is not a predictions file of this task set.
   """
+  from orchard_jax.recipes import ConfigError
   if config.get("checkpoint"):
     return evaluate_checkpoint(config)
+  if config.predictions not in ("gold", "empty") and not os.path.exists(config.predictions):
+    raise ConfigError(f"config.predictions: expected 'gold', 'empty' or a predictions file; "
+                      f"{config.predictions!r} does not exist")
   logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per sandbox call otherwise
   instances = load_task_set(config.tasks, progress=bool(config.get("progress", True)))
-  predictions = evaluation.load_predictions(config.predictions, instances)
+  try:
+    predictions = evaluation.load_predictions(config.predictions, instances)
+  except evaluation.EvaluationError as e:      # a malformed file: the user's input
+    raise ConfigError(f"config.predictions: {e}") from e
   name = config.run_id or os.path.splitext(os.path.basename(config.predictions))[0]
   output_dir = os.path.join(config.output_dir, name)
   with sandbox_client(config.env) as client:
@@ -323,6 +334,8 @@ class _Run:
     from orchard_jax import data, parallel
     from orchard_jax.recipes import swe_policy
     self.config = config
+    if config.policy.init:                   # a typo fails now, not after the task set
+      swe_policy.check_checkpoint(config.policy.init, field="policy.init")
     self.dir = run_dir(config)
     os.makedirs(self.dir, exist_ok=True)
     for name in ("httpx", "httpcore"):   # one INFO line per sandbox and model call otherwise
@@ -644,6 +657,7 @@ def evaluate_checkpoint(config: ConfigDict) -> dict:
   (the run's own training subset and held-out instances when PATH is a run folder with
   tasks.json), reporting pass@1, pass@k, random@k and value-model best-of-k."""
   from orchard_jax.recipes import swe_policy, swe_value
+  swe_policy.check_checkpoint(config.checkpoint, field="config.checkpoint")  # before any work
   run = _Run(config)
   try:
     record = run.load_split(config.checkpoint)

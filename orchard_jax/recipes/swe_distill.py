@@ -44,7 +44,7 @@ from typing import Any, Mapping, Sequence
 from ml_collections import ConfigDict
 
 from orchard_jax import data
-from orchard_jax.recipes import swe
+from orchard_jax.recipes import ConfigError, load_tokenizer, swe
 from orchard_jax.recipes.teacher import Teacher, open_teacher
 from orchard_jax.tasks.swe import evaluation, testbed
 
@@ -53,7 +53,7 @@ _log = logging.getLogger(__name__)
 ABORTED = "aborted"
 
 
-class DistillError(ValueError):
+class DistillError(ConfigError):
   """A distillation setting is invalid (the message names the field, expected and seen)."""
 
 
@@ -442,7 +442,8 @@ def collect(config: ConfigDict) -> CollectionSummary:
     print(summary.table(), flush=True)
     with open(os.path.join(config.workdir, "collect_summary.json"), "w") as f:
       json.dump({**dataclasses.asdict(summary), "teacher": description}, f, indent=2)
-    tokenizer = data.load_tokenizer(config.stats.tokenizer) if config.stats.tokenizer else None
+    tokenizer = (load_tokenizer(config.stats.tokenizer, field="stats.tokenizer")
+                 if config.stats.tokenizer else None)
     stats = data.dataset_stats(store.trajectories(experiment=config.experiment), store=store,
                                tokenizer=tokenizer, max_tokens=int(config.stats.max_tokens) or None)
     print(f"\nstore, experiment {config.experiment!r}:\n{stats.table()}", flush=True)

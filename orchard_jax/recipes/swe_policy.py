@@ -25,6 +25,7 @@ from typing import Any, Optional
 from flax import nnx
 
 from orchard_jax import data, models, parallel, train
+from orchard_jax.recipes import ConfigError, load_tokenizer as _load_tokenizer
 from orchard_jax.models import hf  # a submodule: `models.hf` exists only once imported
 
 _log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ _log = logging.getLogger(__name__)
 _POLICY_FIELDS = ("preset", "init", "tokenizer", "tool_call_parser")
 
 
-class PolicyError(Exception):
+class PolicyError(ConfigError):
   """The policy config names something that cannot be built or loaded."""
 
 
@@ -56,7 +57,12 @@ def model_overrides(policy_config) -> dict[str, Any]:
 
 
 def load_tokenizer(policy_config) -> data.Tokenizer:
-  return data.load_tokenizer(policy_config.tokenizer)
+  """The tokenizer `policy.tokenizer` names.
+
+  Raises:
+    ConfigError: nothing loadable there (the message names policy.tokenizer).
+  """
+  return _load_tokenizer(policy_config.tokenizer, field="policy.tokenizer")
 
 
 def find_checkpoint_dir(path: str) -> Optional[str]:
@@ -75,6 +81,25 @@ def find_checkpoint_dir(path: str) -> Optional[str]:
 def is_hf_folder(path: str) -> bool:
   return os.path.isfile(os.path.join(path, "config.json")) and bool(
       glob.glob(os.path.join(path, "*.safetensors")))
+
+
+def check_checkpoint(path: str, *, field: str) -> None:
+  """Checks, before anything is built, that `path` (the config field `field`) is a Hugging
+  Face folder or holds an orbax checkpoint (a run folder, trainer folder or checkpoints/).
+
+  Raises:
+    PolicyError: it is neither (the message names the field and the path).
+  """
+  if not (is_hf_folder(path) or find_checkpoint_dir(path)):
+    raise PolicyError(f"{field}: {_no_checkpoint(path)}")
+
+
+def _no_checkpoint(path: str) -> str:
+  if not os.path.exists(path):
+    return (f"{path!r} does not exist; expected a Hugging Face model folder or an orbax "
+            "checkpoint (a run folder, trainer folder or checkpoints/)")
+  return (f"{path!r} holds neither a Hugging Face model (config.json + safetensors) nor an "
+          "orbax checkpoint (a run folder, trainer folder or checkpoints/)")
 
 
 def build_policy(policy_config, mesh, *, vocab_size: int, seed: int = 0,
@@ -121,8 +146,7 @@ def load_checkpoint_params(model, path: str, mesh) -> int:
   """
   folder = find_checkpoint_dir(path)
   if folder is None:
-    raise PolicyError(f"{path!r} holds neither a Hugging Face model (config.json + safetensors) "
-                      "nor an orbax checkpoint (a run folder, trainer folder or checkpoints/)")
+    raise PolicyError(_no_checkpoint(path))
   parts = train.ModelParts.of(model)
   abstract = train.abstract_like(parts.pure_params(), parts.param_shardings(mesh))
   with train.Checkpointer(folder, async_save=False) as checkpointer:

@@ -25,12 +25,13 @@ from typing import Any, Iterator
 from ml_collections import ConfigDict
 
 from orchard_jax import data
+from orchard_jax.recipes import ConfigError, load_tokenizer
 
 TEXT_ONLY_APIS = ("openai",)
 TOKEN_APIS = ("sglang",)
 
 
-class TeacherError(ValueError):
+class TeacherError(ConfigError):
   """A teacher setting is invalid (the message names the field, what was expected and seen)."""
 
 
@@ -88,7 +89,7 @@ def load_teacher_policy(teacher: ConfigDict):
       if os.path.isfile(os.path.join(folder, "tokenizer", "tokenizer.json")):
         tokenizer_name = os.path.join(folder, "tokenizer")
         break
-  tokenizer = data.load_tokenizer(tokenizer_name)
+  tokenizer = load_tokenizer(tokenizer_name, field="teacher.tokenizer")
   if checkpoint and os.path.isfile(os.path.join(checkpoint, "config.json")):
     from orchard_jax.models import hf
     model_config, model = hf.load_pretrained(checkpoint)
@@ -156,7 +157,7 @@ def open_teacher(teacher: ConfigDict, store: data.TrajectoryStore, *,
       if not teacher.tokenizer:
         raise TeacherError("teacher.api 'sglang' records token ids; set teacher.tokenizer to "
                            "the teacher's tokenizer (a Hugging Face name or folder)")
-      tokenizer = data.load_tokenizer(teacher.tokenizer)
+      tokenizer = load_tokenizer(teacher.tokenizer, field="teacher.tokenizer")
       urls = [u.strip() for u in teacher.url.split(",") if u.strip()]
       upstream = rollout.SGLangUpstream(urls, api_key=os.environ.get(teacher.api_key_env),
                                         timeout_s=float(teacher.timeout_s),

@@ -18,6 +18,7 @@ from typing import Any
 from ml_collections import ConfigDict
 
 from orchard_jax import data
+from orchard_jax.recipes import load_tokenizer
 from orchard_jax.recipes.swe_distill import DistillError, store_path
 
 
@@ -31,7 +32,7 @@ def stats(config: ConfigDict) -> data.DatasetStats:
   """
   sc = config.stats
   path = _existing_store(config)
-  tokenizer = data.load_tokenizer(sc.tokenizer) if sc.tokenizer else None
+  tokenizer = load_tokenizer(sc.tokenizer, field="stats.tokenizer") if sc.tokenizer else None
   with data.TrajectoryStore(path) as store:
     trajectories = store.trajectories(experiment=config.experiment or None)
     result = data.dataset_stats(trajectories, store=store, tokenizer=tokenizer,

@@ -1,4 +1,5 @@
 """launch/run.py: config loading, overrides, and dispatch errors, run as a user runs it."""
+import json
 import os
 import subprocess
 import sys
@@ -126,3 +127,42 @@ def test_checking_the_job_name_imports_no_recipe_module():
   assert loaded == "[]"
   assert message.startswith("config.job is 'swe.evalute'; expected one of: ")
   assert "swe.evaluate" in message
+
+
+def _one_line_error(result, *fragments):
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr
+  error = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+  assert len(error) == 1, result.stderr[-2000:]
+  for fragment in fragments:
+    assert fragment in error[0]
+
+
+def test_a_missing_checkpoint_is_one_line_before_any_work(tmp_path):
+  workdir = tmp_path / "run"
+  result = _run(["--config", "experiments/swe_eval.py", f"--config.checkpoint={tmp_path}/nope",
+                 f"--config.workdir={workdir}"])
+  _one_line_error(result, "config.checkpoint", f"'{tmp_path}/nope' does not exist")
+  assert not workdir.exists()          # refused before the run folder and the task set
+
+
+def test_a_missing_or_malformed_predictions_file_is_one_line(tmp_path):
+  result = _run(["--config", "experiments/swe_eval.py",
+                 f"--config.predictions={tmp_path}/preds.jsonl"])
+  _one_line_error(result, "config.predictions", "does not exist")
+  # A file that exists but is not JSONL: found once the (one-instance) task set is loaded.
+  dataset = tmp_path / "instances.jsonl"
+  dataset.write_text(json.dumps({"instance_id": "pkg__pkg-1", "repo": "pkg", "base_commit": "c",
+                                 "patch": "", "test_patch": "", "problem_statement": "p",
+                                 "FAIL_TO_PASS": [], "PASS_TO_PASS": []}) + "\n")
+  predictions = tmp_path / "preds.jsonl"
+  predictions.write_text("{not json\n")
+  result = _run(["--config", "experiments/swe_eval.py", f"--config.predictions={predictions}",
+                 f"--config.tasks.dataset={dataset}", f"--config.output_dir={tmp_path}/out"])
+  _one_line_error(result, "config.predictions", "line 1 is not a JSON object")
+
+
+def test_a_missing_tokenizer_is_one_line_naming_the_field(tmp_path):
+  result = _run(["--config", "experiments/lm_sft.py", f"--config.data.tokenizer={tmp_path}/tok",
+                 f"--config.workdir={tmp_path}/run"])
+  _one_line_error(result, "data.tokenizer", "no such folder")
