@@ -27,7 +27,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
 from launch import k8s  # noqa: E402
 from launch import overrides  # noqa: E402
@@ -35,9 +34,9 @@ from launch.k8s import client as kube  # noqa: E402
 from launch.k8s import common  # noqa: E402
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "k8s", "config.py")
-_CONFIG = config_flags.DEFINE_config_file(
+_CONFIG = overrides.define_config_file(    # the default is loaded now: see there
     "config", _DEFAULT_CONFIG + ":default",
-    "Fleet config: launch/k8s/config.py[:default|cluster].", lock_config=True)
+    "Fleet config: launch/k8s/config.py[:default|cluster].")
 _DRY_RUN = flags.DEFINE_bool("dry-run", False, "Print the manifests as YAML; change nothing.")
 _KUBECONFIG = flags.DEFINE_string("kubeconfig", None, "kubeconfig file (default: kubectl's).")
 _CONTEXT = flags.DEFINE_string("context", None, "kubeconfig context (default: current).")

@@ -10,6 +10,7 @@ import re
 import sys
 
 from absl import flags
+from ml_collections import config_flags
 from ml_collections.config_flags import config_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,17 +116,39 @@ def flags_parser(*file_flags: str):
       sys.stderr.write("error: " + "\n  ".join(lines) + "\n")
       sys.exit(2)
     except (AttributeError, KeyError) as e:
-      prefixes = tuple(f"--{name}." for name in file_flags)
-      given = [a.split("=", 1)[0] for a in argv[1:] if a.startswith(prefixes)]
-      message = str(e.args[0] if e.args else e).replace("\\n", "\n").replace("\\'", "'")
-      names = re.findall(r"'([A-Za-z_][A-Za-z0-9_]*)'", message)
-      key = names[0] if names else message
-      culprit = [o for o in given if o.split(".")[-1] == key] or given
-      sys.stderr.write(f"error: unknown config field {key!r} in {', '.join(culprit)}: an "
-                       "override must name a field the config file defines (the config is "
-                       "locked)." + missing_field_hint(e) + "\n")
-      sys.exit(2)
+      _exit_unknown_field(e, argv, file_flags)
   return parse
+
+
+def define_config_file(name: str, default: str | None, help_string: str):
+  """`config_flags.DEFINE_config_file(name, default, help_string, lock_config=True)`, with an
+  override of a field the default file lacks reported as `flags_parser` reports it.
+
+  With a default file and no `--name` on the command line, ml_collections loads the default and
+  resolves the `--name.FIELD` overrides of sys.argv while the flag is defined (at import),
+  before `flags_parser` runs; a misspelt field would raise there, as a traceback.
+
+  Returns:
+    The flag holder, as DEFINE_config_file's.
+  """
+  try:
+    return config_flags.DEFINE_config_file(name, default, help_string, lock_config=True)
+  except (AttributeError, KeyError) as e:
+    _exit_unknown_field(e, sys.argv, (name,))
+
+
+def _exit_unknown_field(error: Exception, argv: list[str], file_flags) -> None:
+  """Writes `error: unknown config field ...` (naming the override) to stderr; exits 2."""
+  prefixes = tuple(f"--{name}." for name in file_flags)
+  given = [a.split("=", 1)[0] for a in argv[1:] if a.startswith(prefixes)]
+  message = str(error.args[0] if error.args else error).replace("\\n", "\n").replace("\\'", "'")
+  names = re.findall(r"'([A-Za-z_][A-Za-z0-9_]*)'", message)
+  key = names[0] if names else message
+  culprit = [o for o in given if o.split(".")[-1] == key] or given
+  sys.stderr.write(f"error: unknown config field {key!r} in {', '.join(culprit)}: an "
+                   "override must name a field the config file defines (the config is "
+                   "locked)." + missing_field_hint(error) + "\n")
+  sys.exit(2)
 
 
 def _missing_config_file(argv: list[str], name: str) -> str | None:

@@ -39,9 +39,9 @@ from launch import overrides  # noqa: E402
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file: experiments/NAME.py[:preset].", lock_config=True)
-_FLEET = config_flags.DEFINE_config_file(
+_FLEET = overrides.define_config_file(     # the default is loaded now: see there
     "fleet", os.path.join(_HERE, "k8s", "config.py") + ":cluster",
-    "--render: fleet config (launch/k8s/config.py[:default|cluster]).", lock_config=True)
+    "--render: fleet config (launch/k8s/config.py[:default|cluster]).")
 _SWEEP = flags.DEFINE_multi_string("sweep", [], "FIELD=V1,V2,...: a swept config field.")
 _RENDER = flags.DEFINE_bool("render", False, "Print one Kubernetes Job per point; run nothing.")
 _NAME = flags.DEFINE_string("name", None, "--render: Job name prefix (default: the "

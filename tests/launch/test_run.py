@@ -166,3 +166,22 @@ def test_a_missing_tokenizer_is_one_line_naming_the_field(tmp_path):
   result = _run(["--config", "experiments/lm_sft.py", f"--config.data.tokenizer={tmp_path}/tok",
                  f"--config.workdir={tmp_path}/run"])
   _one_line_error(result, "data.tokenizer", "no such folder")
+
+
+def test_a_misspelt_override_of_a_default_fleet_config_is_one_line():
+  # Without --fleet (sweep.py) or --config (fleet.py) the default file is loaded while the
+  # flag is defined, so the override is resolved before the flags parser runs.
+  def launcher(script, *args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+  result = launcher("sweep.py", "--config", "experiments/swe_rpr.py", "--sweep",
+                    "rl.lr=1e-6,3e-6", "--fleet.imgae=x", "--render")
+  _one_line_error(result, "unknown config field 'imgae' in --fleet.imgae", '"image"')
+  result = launcher("fleet.py", "status", "--dry-run", "--config.env.replicsa=3")
+  _one_line_error(result, "unknown config field 'replicsa' in --config.env.replicsa",
+                  '"replicas"')
+  # A correct override of the default still applies.
+  result = launcher("sweep.py", "--config", "experiments/swe_rpr.py", "--sweep",
+                    "rl.lr=1e-6,3e-6", "--fleet.image=registry.example/orchard:v7", "--render")
+  assert result.returncode == 0, result.stderr
+  assert "image: registry.example/orchard:v7" in result.stdout
