@@ -24,7 +24,8 @@ def get_config(preset="default"):
   config.job = "swe.evaluate"
   config.name = "swe_eval"
   config.predictions = "gold"       # "gold", "empty", or a SWE-bench predictions JSONL/JSON
-  config.output_dir = "runs/swe_eval"
+  config.output_dir = "runs/swe_eval"  # predictions: results in <output_dir>/<run_id>, or in
+                                    # <workdir>/<run_id> when workdir is set (sweep.py sets it)
   config.run_id = ""                # subfolder of output_dir; "" = the predictions' name
   config.checkpoint = ""            # a policy checkpoint: evaluate it instead of predictions
   return config

@@ -120,7 +120,8 @@ def evaluate_patches(instances: Sequence[SWEInstance], predictions: Mapping[str,
 def evaluate(config: ConfigDict) -> evaluation.EvalSummary:
   """Job "swe.evaluate": grades config.predictions on the task set; prints the summary.
 
-  With `config.checkpoint` set, evaluates a policy checkpoint instead (`evaluate_checkpoint`).
+  Results go to <workdir or output_dir>/<run_id or the predictions' name>. With
+  `config.checkpoint` set, evaluates a policy checkpoint instead (`evaluate_checkpoint`).
 
   Raises:
     ConfigError: config.predictions names no file (checked before the task set is loaded), or
@@ -139,7 +140,8 @@ def evaluate(config: ConfigDict) -> evaluation.EvalSummary:
   except evaluation.EvaluationError as e:      # a malformed file: the user's input
     raise ConfigError(f"config.predictions: {e}") from e
   name = config.run_id or os.path.splitext(os.path.basename(config.predictions))[0]
-  output_dir = os.path.join(config.output_dir, name)
+  # A set workdir (sweep.py gives each point its own) is the run folder, as in every other job.
+  output_dir = os.path.join(config.workdir or config.output_dir, name)
   with sandbox_client(config.env) as client:
     summary = evaluate_patches(instances, predictions, client, output_dir=output_dir,
                                max_workers=int(config.env.max_parallel),
