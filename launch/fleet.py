@@ -14,8 +14,9 @@ override `--config.FIELD=VALUE` of launch/run.py in the Job. `weights` submits a
 downloads a Hugging Face model into the models volume (SGLang's --model-path reads it there).
 `status` reports every object and exits 1 when something is missing or not ready.
 `down` deletes what `up` and `train` created, keeping the volumes (and the namespace that holds
-them) unless `--delete-volumes` is given. `--dry-run` prints the manifests as YAML and
-touches nothing. Fleet fields are overridden like experiment fields: `--config.env.replicas=5`.
+them) unless `--delete-volumes` is given. `--dry-run` touches nothing: `up`, `train` and
+`weights` print the manifests they would apply as YAML, `down` the objects it would delete (and
+keep), `status` the objects it would read. Fleet fields are overridden like experiment fields: `--config.env.replicas=5`.
 The cluster is the one of the current kubeconfig context (or `--kubeconfig`, `--context`).
 """
 import os
@@ -203,6 +204,14 @@ def _job_state(state: dict) -> str:
   return ", ".join(parts)
 
 
+def status_targets(config) -> list[str]:
+  """What `status` reads, one line each, without a cluster (`status --dry-run`)."""
+  lines = [f"read {kube.describe(obj)}" for obj in k8s.render_fleet(config)]
+  lines.append(f"list Jobs in {config.namespace} labelled {_training_selector(config)}")
+  lines.append(f"list Pods in {config.sandbox_namespace}")
+  return lines
+
+
 def status(client: kube.KubeClient, config) -> tuple[list[tuple[str, str, bool]], bool]:
   """Reports every object of the fleet, the training Jobs, and the sandbox pods.
 
@@ -260,21 +269,17 @@ def down(client: kube.KubeClient, config, *, delete_volumes: bool = False) -> li
     descriptions of the objects deleted.
   """
   deleted = []
-  for kind, selector in (("Job", common.fleet_selector(config)),
-                         ("Service", _training_selector(config))):
+  for kind, selector in _down_selectors(config):
     for obj in client.list(kind, config.namespace, selector):
       if client.delete(kind, obj["metadata"]["name"], config.namespace):
         deleted.append(kube.describe(dict(obj, kind=kind)))
         _say(f"deleted {deleted[-1]}")
-  for obj in reversed(k8s.render_fleet(config)):
+  for obj, kept in _down_order(config, delete_volumes):
     kind, meta = obj["kind"], obj["metadata"]
-    if kind == "PersistentVolumeClaim" and not delete_volumes:
-      _say(f"kept    {kube.describe(obj)} (pass --delete-volumes to delete it)")
+    if kept:
+      _say(f"kept    {kube.describe(obj)} ({kept})")
       continue
     if kind == "Namespace":
-      if meta["name"] == config.namespace and not delete_volumes:
-        _say(f"kept    {kube.describe(obj)} (it holds the volumes)")
-        continue
       live = client.read("Namespace", meta["name"])
       owner = ((live or {}).get("metadata", {}).get("labels") or {}).get(
           "app.kubernetes.io/instance")
@@ -284,6 +289,40 @@ def down(client: kube.KubeClient, config, *, delete_volumes: bool = False) -> li
       deleted.append(kube.describe(obj))
       _say(f"deleted {kube.describe(obj)}")
   return deleted
+
+
+def _down_selectors(config) -> tuple[tuple[str, str], ...]:
+  """(kind, label selector) of what `down` deletes first: every Job of the fleet (training
+  runs, weight downloads) and the training runs' Services."""
+  return (("Job", common.fleet_selector(config)), ("Service", _training_selector(config)))
+
+
+def _down_order(config, delete_volumes: bool):
+  """Yields (object, why it is kept or None) for every rendered object, in deletion order."""
+  for obj in reversed(k8s.render_fleet(config)):
+    kind, meta = obj["kind"], obj["metadata"]
+    if kind == "PersistentVolumeClaim" and not delete_volumes:
+      yield obj, "pass --delete-volumes to delete it"
+    elif kind == "Namespace" and meta["name"] == config.namespace and not delete_volumes:
+      yield obj, "it holds the volumes"
+    else:
+      yield obj, None
+
+
+def down_targets(config, *, delete_volumes: bool = False) -> list[str]:
+  """What `down` deletes and keeps, in its order, one line each, without a cluster
+  (`down --dry-run`)."""
+  lines = [f"delete every {kind} in {config.namespace} labelled {selector}"
+           for kind, selector in _down_selectors(config)]
+  for obj, kept in _down_order(config, delete_volumes):
+    if kept:
+      lines.append(f"keep   {kube.describe(obj)} ({kept})")
+    elif obj["kind"] == "Namespace":
+      lines.append(f"delete {kube.describe(obj)} (only if labelled "
+                   f"app.kubernetes.io/instance={config.name}, i.e. this fleet created it)")
+    else:
+      lines.append(f"delete {kube.describe(obj)}")
+  return lines
 
 
 def _required(holder, name: str) -> str:
@@ -342,8 +381,13 @@ def main(argv):
         manifests = [k8s.storage.weights_job(config, _required(_REPO, "repo"),
                                              _required(_FOLDER, "folder"),
                                              revision=_REVISION.value)]
-      else:
+      elif command == "up":
         manifests = k8s.render_fleet(config)
+      else:                      # down and status change nothing in a manifest: say what
+        lines = (down_targets(config, delete_volumes=_DELETE_VOLUMES.value)
+                 if command == "down" else status_targets(config))
+        _say("\n".join(f"would {line}" for line in lines))
+        return 0
       sys.stdout.write(k8s.to_yaml(manifests))
       return 0
     with kube.KubeClient.from_kubeconfig(_KUBECONFIG.value, _CONTEXT.value) as client:
