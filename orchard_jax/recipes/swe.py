@@ -130,6 +130,7 @@ def evaluate(config: ConfigDict) -> evaluation.EvalSummary:
   from orchard_jax.recipes import ConfigError
   if config.get("checkpoint"):
     return evaluate_checkpoint(config)
+  check_cluster_settings(config, ("env.url",))
   if config.predictions not in ("gold", "empty") and not os.path.exists(config.predictions):
     raise ConfigError(f"config.predictions: expected 'gold', 'empty' or a predictions file; "
                       f"{config.predictions!r} does not exist")
@@ -250,6 +251,41 @@ def run_episode(instance: SWEInstance, client, base_url: str, *, model: str = "d
 # Jobs swe.sft, swe.rl (BAR, RPR, OPD), swe.value, and swe.evaluate's checkpoint mode. Their
 # configs come from experiments/common.swe_base(preset); the modules swe_policy, swe_rollouts,
 # swe_sft, swe_rl, swe_eval, swe_value, swe_judge and swe_annotate hold the pieces.
+
+
+# Config fields the cluster preset (experiments/common.py) fills from the environment that the
+# training Job sets (launch/k8s/training.py), and the variable each comes from.
+CLUSTER_VARIABLES = {
+    "workdir": "ORCHARD_CHECKPOINT_DIR",
+    "env.url": "ORCHARD_ENV_URL",
+    "engine.urls": "ORCHARD_SGLANG_POLICY_URLS",
+    "opd.teacher_urls": "ORCHARD_SGLANG_TEACHER_URLS",
+}
+
+
+def check_cluster_settings(config: ConfigDict, fields: Sequence[str]) -> None:
+  """With the cluster preset, checks before any work that each of `fields` (keys of
+  CLUSTER_VARIABLES) is set: outside a training Job the preset leaves them empty, and the run
+  would otherwise fail late on what it reads next (the tokenizer on the models volume).
+
+  Raises:
+    ConfigError: a field is empty; the message names its environment variable.
+  """
+  from orchard_jax.recipes import ConfigError
+  if config.get("preset") != "cluster":
+    return
+  missing = []
+  for field in fields:
+    value = config
+    for part in field.split("."):
+      value = value[part]
+    if not str(value).strip():
+      missing.append(f"{CLUSTER_VARIABLES[field]} (config.{field})")
+  if missing:
+    raise ConfigError(
+        "the cluster preset reads the fleet's addresses from the environment of a training Job "
+        f"(launch/fleet.py train); not set here: {', '.join(missing)}. Run it in that Job, "
+        "export the variables, or set the fields with --config.FIELD=VALUE")
 
 
 def run_dir(config: ConfigDict) -> str:
@@ -450,6 +486,7 @@ def sft(config: ConfigDict) -> dict:
   """Job "swe.sft" (experiments/swe_sft.py): credit-assignment SFT of the policy on expert, store
   or mini-swe-agent trajectories; writes run_dir/sft/checkpoints. Returns the data stats."""
   from orchard_jax.recipes import swe_policy
+  check_cluster_settings(config, ("workdir", "env.url"))
   run = _Run(config)
   try:
     with sandbox_client(config.env) as env_client:
@@ -522,6 +559,9 @@ def rl(config: ConfigDict) -> dict:
   from orchard_jax import train
   from orchard_jax.recipes import swe_judge, swe_policy, swe_rl, swe_rollouts
   c = config
+  check_cluster_settings(c, ("workdir", "env.url", "engine.urls")
+                         + (("opd.teacher_urls",) if c.opd.mode != "none"
+                            and not c.opd.teacher_init else ()))
   _check_rl_config(c)
   main_process = jax.process_index() == 0
   if jax.process_count() > 1 and not (str(c.engine.urls).strip() and (
@@ -646,6 +686,7 @@ def value(config: ConfigDict) -> dict:
   store(s) and reports held-out AUC, calibration and best-of-k vs pass@k vs random@k."""
   from orchard_jax import parallel
   from orchard_jax.recipes import swe_policy, swe_value
+  check_cluster_settings(config, ("workdir",))
   directory = run_dir(config)
   tokenizer = swe_policy.load_tokenizer(config.policy)
   report = swe_value.train_value(config, directory, parallel.make_mesh(config.mesh), tokenizer)
@@ -659,6 +700,7 @@ def evaluate_checkpoint(config: ConfigDict) -> dict:
   (the run's own training subset and held-out instances when PATH is a run folder with
   tasks.json), reporting pass@1, pass@k, random@k and value-model best-of-k."""
   from orchard_jax.recipes import swe_policy, swe_value
+  check_cluster_settings(config, ("env.url", "engine.urls"))
   swe_policy.check_checkpoint(config.checkpoint, field="config.checkpoint")  # before any work
   run = _Run(config)
   try:

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -185,3 +187,44 @@ def test_a_misspelt_override_of_a_default_fleet_config_is_one_line():
                     "rl.lr=1e-6,3e-6", "--fleet.image=registry.example/orchard:v7", "--render")
   assert result.returncode == 0, result.stderr
   assert "image: registry.example/orchard:v7" in result.stdout
+
+
+def _without_fleet_environment(**extra):
+  env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHARD_")}
+  return dict(env, **extra)
+
+
+def test_the_cluster_preset_outside_a_job_names_the_missing_variables(tmp_path):
+  def run(env):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "launch", "run.py"), "--config",
+                           "experiments/swe_rpr.py:cluster"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+  result = run(_without_fleet_environment())
+  _one_line_error(result, "ORCHARD_CHECKPOINT_DIR (config.workdir)",
+                  "ORCHARD_ENV_URL (config.env.url)",
+                  "ORCHARD_SGLANG_POLICY_URLS (config.engine.urls)")
+  assert "ORCHARD_SGLANG_TEACHER" not in result.stderr        # swe_rpr has no OPD teacher
+  # With the Job's variables set, the run gets past the check (to the models volume, which
+  # this machine does not have).
+  result = run(_without_fleet_environment(
+      ORCHARD_CHECKPOINT_DIR=str(tmp_path / "ckpt"), ORCHARD_ENV_URL="http://127.0.0.1:9",
+      ORCHARD_SGLANG_POLICY_URLS="http://127.0.0.1:9"))
+  _one_line_error(result, "policy.init: '/models/qwen3_5_35b_a3b' does not exist")
+
+
+@pytest.mark.parametrize("experiment, job, variables", [
+    ("swe_sft", "sft", ["ORCHARD_CHECKPOINT_DIR", "ORCHARD_ENV_URL"]),
+    ("swe_value", "value", ["ORCHARD_CHECKPOINT_DIR"]),
+    ("swe_eval", "evaluate", ["ORCHARD_ENV_URL"]),
+])
+def test_each_swe_job_checks_the_fleet_addresses_it_uses(monkeypatch, experiment, job,
+                                                          variables):
+  import importlib
+  from orchard_jax import recipes
+  from orchard_jax.recipes import swe
+  monkeypatch.setattr(os, "environ", _without_fleet_environment())
+  config = importlib.import_module(f"experiments.{experiment}").get_config("cluster")
+  with pytest.raises(recipes.ConfigError, match="not set here") as error:
+    getattr(swe, job)(config)
+  named = [v for v in swe.CLUSTER_VARIABLES.values() if v in str(error.value)]
+  assert named == variables
