@@ -30,6 +30,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 
 from ml_collections import ConfigDict
 
+from orchard_jax.recipes import ConfigError
 from orchard_jax.tasks.swe import builder, evaluation, testbed
 from orchard_jax.tasks.swe.instance import SWEInstance, load_instances
 
@@ -53,11 +54,11 @@ def load_task_set(tasks: ConfigDict, *, progress: bool = True) -> list[SWEInstan
   cut to the first `tasks.limit` (0: all).
 
   Raises:
-    ValueError: tasks.limit is negative (checked before anything is built or loaded).
+    ConfigError: tasks.limit is negative (checked before anything is built or loaded).
   """
   limit = int(tasks.get("limit", 0))
   if limit < 0:        # instances[:-1] would silently drop the last instance
-    raise ValueError(f"tasks.limit is {limit}; expected 0 (every instance) or a positive count")
+    raise ConfigError(f"tasks.limit is {limit}; expected 0 (every instance) or a positive count")
   if tasks.dataset:
     instances = load_instances(tasks.dataset)
   else:
@@ -127,7 +128,6 @@ def evaluate(config: ConfigDict) -> evaluation.EvalSummary:
     ConfigError: config.predictions names no file (checked before the task set is loaded), or
       the file is not a predictions file of this task set.
   """
-  from orchard_jax.recipes import ConfigError
   if config.get("checkpoint"):
     return evaluate_checkpoint(config)
   check_cluster_settings(config, ("env.url",))
@@ -271,7 +271,6 @@ def check_cluster_settings(config: ConfigDict, fields: Sequence[str]) -> None:
   Raises:
     ConfigError: a field is empty; the message names its environment variable.
   """
-  from orchard_jax.recipes import ConfigError
   if config.get("preset") != "cluster":
     return
   missing = []
@@ -350,8 +349,8 @@ def training_subset(instances: Sequence[SWEInstance], tasks: ConfigDict, tokeniz
   if tasks.selection == "shortest_expert":
     ordered.sort(key=lambda i: (expert_cost(i, tokenizer), i.instance_id))
   elif tasks.selection != "first":
-    raise ValueError(f"tasks.selection is {tasks.selection!r}; expected 'all', 'first' or "
-                     "'shortest_expert'")
+    raise ConfigError(f"tasks.selection is {tasks.selection!r}; expected 'all', 'first' or "
+                      "'shortest_expert'")
   limit = int(tasks.get("per_package", 0))
   chosen, per_package = [], {}
   for instance in ordered:
@@ -566,9 +565,9 @@ def rl(config: ConfigDict) -> dict:
   main_process = jax.process_index() == 0
   if jax.process_count() > 1 and not (str(c.engine.urls).strip() and (
       c.opd.mode == "none" or str(c.opd.teacher_urls).strip())):
-    raise ValueError("a multi-host run needs remote engines (engine.urls, and opd.teacher_urls "
-                     "with OPD; the cluster preset sets both): an embedded engine would serve a "
-                     "model sharded over every host from process 0 alone and hang")
+    raise ConfigError("a multi-host run needs remote engines (engine.urls, and opd.teacher_urls "
+                      "with OPD; the cluster preset sets both): an embedded engine would serve a "
+                      "model sharded over every host from process 0 alone and hang")
   run = _Run(config)
   history: list[dict] = []
   started = _time.perf_counter()
@@ -658,18 +657,18 @@ def _check_rl_config(c: ConfigDict) -> None:
   """Settings swe.rl would otherwise reject only after the task set and SFT (minutes in).
 
   Raises:
-    ValueError: an unknown rl.reward or opd.mode, or OPD without a teacher.
+    ConfigError: an unknown rl.reward or opd.mode, or OPD without a teacher.
   """
   from orchard_jax.train import OPD_MODES
   if c.rl.reward not in ("rpr", "binary"):
-    raise ValueError(f"rl.reward is {c.rl.reward!r}; expected 'binary' or 'rpr'")
+    raise ConfigError(f"rl.reward is {c.rl.reward!r}; expected 'binary' or 'rpr'")
   if c.opd.mode not in OPD_MODES:
-    raise ValueError(f"opd.mode is {c.opd.mode!r}; expected one of {OPD_MODES}")
+    raise ConfigError(f"opd.mode is {c.opd.mode!r}; expected one of {OPD_MODES}")
   if c.opd.mode != "none" and not (str(c.opd.teacher_urls).strip() or c.opd.teacher_init):
-    raise ValueError(f"opd.mode is {c.opd.mode!r} but there is no teacher: set "
-                     "opd.teacher_urls (SGLang servers) or opd.teacher_init (a checkpoint, run "
-                     "or Hugging Face folder served by a second embedded engine, e.g. "
-                     "--config.opd.teacher_init=runs/swe_rpr_tiny)")
+    raise ConfigError(f"opd.mode is {c.opd.mode!r} but there is no teacher: set "
+                      "opd.teacher_urls (SGLang servers) or opd.teacher_init (a checkpoint, run "
+                      "or Hugging Face folder served by a second embedded engine, e.g. "
+                      "--config.opd.teacher_init=runs/swe_rpr_tiny)")
 
 
 def data_keys(config: ConfigDict) -> tuple[str, ...]:

@@ -228,3 +228,9 @@ def test_each_swe_job_checks_the_fleet_addresses_it_uses(monkeypatch, experiment
     getattr(swe, job)(config)
   named = [v for v in swe.CLUSTER_VARIABLES.values() if v in str(error.value)]
   assert named == variables
+
+
+def test_a_setting_the_recipe_refuses_before_work_is_one_line(tmp_path):
+  result = _run(["--config", "experiments/swe_rpr.py", "--config.rl.reward=rpx",
+                 f"--config.workdir={tmp_path}/run"])
+  _one_line_error(result, "rl.reward is 'rpx'; expected 'binary' or 'rpr'")
