@@ -77,9 +77,9 @@ def test_every_call_is_recorded_text_only_with_its_outcome(hosted_run):
     assert [m["content"] for m in trajectory.messages if m["role"] == "assistant"] == \
         hosted_run["scripts"][attempt]
   # the key came from the environment variable; the model name from the config
-  for headers, body in hosted_run["server"].requests:
-    assert headers["Authorization"] == f"Bearer {KEY}"
-    assert body["model"] == "hosted-teacher" and body["temperature"] == 1.0
+  for request in hosted_run["server"].requests:
+    assert request.headers["Authorization"] == f"Bearer {KEY}"
+    assert request.body["model"] == "hosted-teacher" and request.body["temperature"] == 1.0
 
 
 def test_sft_tokenises_text_only_records_and_rl_refuses_them(hosted_run, tok):

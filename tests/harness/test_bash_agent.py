@@ -79,7 +79,7 @@ def test_request_body_is_an_openai_chat_completion(sandbox):
   server = ScriptedServer(replies)
   with server as url, ChatModel(url, model="m", temperature=0.7, max_tokens=64) as model:
     BashAgent(model, sandbox, AgentConfig(workdir="/workspace")).run("Do the thing.")
-  path, body = server.requests[1]
+  path, body = server.requests[1].path, server.requests[1].body
   assert path == "/sessions/s1/v1/chat/completions"
   assert body["model"] == "m" and body["temperature"] == 0.7 and body["max_tokens"] == 64
   assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "user"]

@@ -116,8 +116,9 @@ def test_llm_judge_scores_and_falls_back_on_failure():
     judge = swe_judge.make_judge(endpoint)
     first = judge.judge(_trajectory(T.careful(), True, T.PATCH), _Instance())
     second = judge.judge(_trajectory(T.careful(), True, T.PATCH), _Instance())
-    prompt = server.requests[0]["messages"][0]["content"]
-  assert server.requests[0]["temperature"] == 0.6 and server.requests[0]["max_tokens"] == 1024
+    body = server.requests[0].body
+  prompt = body["messages"][0]["content"]
+  assert body["temperature"] == 0.6 and body["max_tokens"] == 1024
   assert "Fix the bug in mod.add." in prompt and "test_add_numbers" in prompt
   assert "characters elided" in prompt             # observations compacted to 40 characters
   assert first.scores == given and not first.failed
@@ -164,7 +165,7 @@ def test_llm_annotator_parses_and_falls_back():
     annotator = swe_annotate.make_annotator(endpoint)
     ok = annotator.annotate(_trajectory(T.careless(), False), _Instance())
     fallback = annotator.annotate(_trajectory(T.careless(), False), _Instance())
-    prompt = server.requests[0]["messages"][0]["content"]
+    prompt = server.requests[0].body["messages"][0]["content"]
   assert "NOT RESOLVED" in prompt and "4 steps (0 to 3)" in prompt
   assert (ok.source, ok.steps, ok.values) == ("llm", [0, 2], [0.2, 0.9])
   assert fallback.source == "evidence_fallback" and "outside" in fallback.failure
