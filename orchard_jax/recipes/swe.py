@@ -30,7 +30,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 
 from ml_collections import ConfigDict
 
-from orchard_jax.recipes import ConfigError
+from orchard_jax.recipes import ConfigError, run_folder
 from orchard_jax.tasks.swe import builder, evaluation, testbed
 from orchard_jax.tasks.swe.instance import SWEInstance, load_instances
 
@@ -365,7 +365,12 @@ def training_subset(instances: Sequence[SWEInstance], tasks: ConfigDict, tokeniz
 
 
 class _Run:
-  """What every stage of one run shares: folders, tokenizer, mesh, store, task split."""
+  """What every stage of one run shares: folders, tokenizer, mesh, store, task split.
+
+  The run folder is removed again on close (or a failure here) when this run created it and
+  it still holds no file: a run that failed before producing anything leaves no empty folder
+  (recipes/run_folder.py).
+  """
 
   def __init__(self, config: ConfigDict):
     from orchard_jax import data, parallel
@@ -374,18 +379,27 @@ class _Run:
     if config.policy.init:                   # a typo fails now, not after the task set
       swe_policy.check_checkpoint(config.policy.init, field="policy.init")
     self.dir = run_dir(config)
-    os.makedirs(self.dir, exist_ok=True)
-    for name in ("httpx", "httpcore"):   # one INFO line per sandbox and model call otherwise
-      logging.getLogger(name).setLevel(logging.WARNING)
-    self.store_path = config.store.path or os.path.join(self.dir, "store")
-    self.tokenizer = swe_policy.load_tokenizer(config.policy)
-    self.mesh = parallel.make_mesh(config.mesh)
-    self.instances = load_task_set(config.tasks, progress=bool(config.progress))
-    self.train_all, self.heldout = split_tasks(self.instances, config.tasks.heldout_fraction)
-    self.store = data.TrajectoryStore(self.store_path)
+    self._created_dir = run_folder.create_run_folder(self.dir)
+    try:
+      for name in ("httpx", "httpcore"):   # one INFO line per sandbox and model call otherwise
+        logging.getLogger(name).setLevel(logging.WARNING)
+      self.store_path = config.store.path or os.path.join(self.dir, "store")
+      self.tokenizer = swe_policy.load_tokenizer(config.policy)
+      self.mesh = parallel.make_mesh(config.mesh)
+      self.instances = load_task_set(config.tasks, progress=bool(config.progress))
+      self.train_all, self.heldout = split_tasks(self.instances, config.tasks.heldout_fraction)
+      self.store = data.TrajectoryStore(self.store_path)
+    except BaseException:
+      self._remove_dir_if_empty()
+      raise
 
   def close(self):
     self.store.close()
+    self._remove_dir_if_empty()
+
+  def _remove_dir_if_empty(self):
+    if self._created_dir:
+      run_folder.remove_if_empty(self.dir)
 
   def agent_config(self):
     return agent_config(self.config.agent)

@@ -44,7 +44,7 @@ from typing import Any, Mapping, Sequence
 from ml_collections import ConfigDict
 
 from orchard_jax import data
-from orchard_jax.recipes import ConfigError, load_tokenizer, swe
+from orchard_jax.recipes import ConfigError, load_tokenizer, run_folder, swe
 from orchard_jax.recipes.teacher import Teacher, open_teacher
 from orchard_jax.tasks.swe import evaluation, testbed
 
@@ -416,8 +416,9 @@ def collect(config: ConfigDict) -> CollectionSummary:
   sampling = {k: v for k, v in dict(config.sampling).items() if v is not None}
   if not sampling.get("max_tokens"):
     sampling.pop("max_tokens", None)
-  os.makedirs(config.workdir, exist_ok=True)
-  with data.TrajectoryStore(store_path(config)) as store:
+  # A run that fails before storing anything (e.g. a teacher that does not load) leaves no
+  # empty run folder behind (run_folder.py).
+  with run_folder.run_folder(config.workdir), data.TrajectoryStore(store_path(config)) as store:
     todo, done = pending_attempts(instances, int(dc.attempts_per_task), store,
                                   experiment=config.experiment,
                                   retry_aborted=bool(dc.retry_aborted))

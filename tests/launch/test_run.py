@@ -234,3 +234,16 @@ def test_a_setting_the_recipe_refuses_before_work_is_one_line(tmp_path):
   result = _run(["--config", "experiments/swe_rpr.py", "--config.rl.reward=rpx",
                  f"--config.workdir={tmp_path}/run"])
   _one_line_error(result, "rl.reward is 'rpx'; expected 'binary' or 'rpr'")
+
+
+def test_a_run_that_fails_before_any_output_leaves_no_run_folder(tmp_path):
+  new = tmp_path / "runs" / "sft"
+  result = _run(["--config", "experiments/swe_sft.py", f"--config.workdir={new}",
+                 f"--config.tasks.dataset={tmp_path}/instances.jsonl"])    # no such file
+  assert result.returncode != 0 and "instances.jsonl" in result.stderr
+  assert not new.exists()
+  mine = tmp_path / "mine"                    # a folder the user made: kept, even when empty
+  mine.mkdir()
+  result = _run(["--config", "experiments/swe_sft.py", f"--config.workdir={mine}",
+                 f"--config.tasks.dataset={tmp_path}/instances.jsonl"])
+  assert result.returncode != 0 and mine.is_dir()

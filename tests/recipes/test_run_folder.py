@@ -1,0 +1,59 @@
+"""recipes/run_folder.py: a failed run removes the run folder only when it created it and the
+folder holds no file; user data is never touched."""
+import os
+
+import pytest
+
+from orchard_jax.recipes import run_folder
+
+
+class _Failed(Exception):
+  pass
+
+
+def _fail_inside(path, body=lambda path: None, error=_Failed):
+  with pytest.raises(error):
+    with run_folder.run_folder(str(path)):
+      body(path)
+      raise error()
+
+
+def test_a_folder_the_failed_run_created_and_left_empty_is_removed(tmp_path):
+  _fail_inside(tmp_path / "runs" / "a")
+  assert not (tmp_path / "runs" / "a").exists()
+  # Empty folders the run made inside (an unused store) do not count as output.
+  _fail_inside(tmp_path / "b", lambda p: os.makedirs(p / "store" / "trajectories"))
+  assert not (tmp_path / "b").exists()
+  _fail_inside(tmp_path / "c", error=KeyboardInterrupt)          # Ctrl-C before any output
+  assert not (tmp_path / "c").exists()
+
+
+def test_a_folder_holding_a_file_or_a_link_is_kept(tmp_path):
+  def write(path):
+    os.makedirs(path / "store" / "model_calls")
+    (path / "store" / "model_calls" / "part-0.jsonl").write_text("{}\n")
+  _fail_inside(tmp_path / "a", write)
+  assert (tmp_path / "a" / "store" / "model_calls" / "part-0.jsonl").read_text() == "{}\n"
+  (tmp_path / "elsewhere").mkdir()
+  _fail_inside(tmp_path / "b", lambda p: os.symlink(tmp_path / "elsewhere", p / "link"))
+  assert os.path.islink(tmp_path / "b" / "link")
+
+
+def test_a_folder_that_existed_before_the_run_is_kept_even_when_empty(tmp_path):
+  (tmp_path / "mine").mkdir()
+  _fail_inside(tmp_path / "mine")
+  assert (tmp_path / "mine").is_dir()
+
+
+def test_a_run_that_succeeds_keeps_its_folder(tmp_path):
+  with run_folder.run_folder(str(tmp_path / "ok")):
+    pass
+  assert (tmp_path / "ok").is_dir()
+
+
+def test_remove_if_empty_refuses_anything_with_content(tmp_path):
+  (tmp_path / "a" / "b").mkdir(parents=True)
+  (tmp_path / "a" / "b" / "f").write_text("x")
+  assert not run_folder.remove_if_empty(str(tmp_path / "a"))
+  assert (tmp_path / "a" / "b" / "f").exists()
+  assert not run_folder.remove_if_empty(str(tmp_path / "missing"))
