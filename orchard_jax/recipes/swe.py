@@ -32,6 +32,7 @@ from ml_collections import ConfigDict
 
 from orchard_jax.recipes import ConfigError, run_folder
 from orchard_jax.tasks.swe import builder, evaluation, testbed
+from orchard_jax.tasks.errors import InstanceError
 from orchard_jax.tasks.swe.instance import SWEInstance, load_instances
 
 _log = logging.getLogger(__name__)
@@ -54,13 +55,20 @@ def load_task_set(tasks: ConfigDict, *, progress: bool = True) -> list[SWEInstan
   cut to the first `tasks.limit` (0: all).
 
   Raises:
-    ConfigError: tasks.limit is negative (checked before anything is built or loaded).
+    ConfigError: tasks.limit is negative (checked before anything is built or loaded), or
+      tasks.dataset names no file or holds a record that is not an instance.
   """
   limit = int(tasks.get("limit", 0))
   if limit < 0:        # instances[:-1] would silently drop the last instance
     raise ConfigError(f"tasks.limit is {limit}; expected 0 (every instance) or a positive count")
   if tasks.dataset:
-    instances = load_instances(tasks.dataset)
+    try:
+      instances = load_instances(tasks.dataset)
+    except FileNotFoundError as e:
+      raise ConfigError(f"tasks.dataset: {tasks.dataset!r} does not exist; expected a SWE-bench "
+                        "JSONL/JSON/parquet file, a datasets folder or a hub name") from e
+    except InstanceError as e:
+      raise ConfigError(f"tasks.dataset: {e}") from e
   else:
     task_set = builder.build_task_set(build_settings(tasks), output_dir=tasks.output_dir or None,
                                       rebuild=bool(tasks.rebuild), progress=progress)

@@ -240,7 +240,7 @@ def test_a_run_that_fails_before_any_output_leaves_no_run_folder(tmp_path):
   new = tmp_path / "runs" / "sft"
   result = _run(["--config", "experiments/swe_sft.py", f"--config.workdir={new}",
                  f"--config.tasks.dataset={tmp_path}/instances.jsonl"])    # no such file
-  assert result.returncode != 0 and "instances.jsonl" in result.stderr
+  _one_line_error(result, "tasks.dataset", "instances.jsonl")
   assert not new.exists()
   mine = tmp_path / "mine"                    # a folder the user made: kept, even when empty
   mine.mkdir()
