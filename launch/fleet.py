@@ -1,7 +1,7 @@
 """Creates, inspects and removes the orchard_jax fleet on a Kubernetes cluster.
 
   python launch/fleet.py up      [--config launch/k8s/config.py:cluster] [--dry-run]
-  python launch/fleet.py status  [--config ...]
+  python launch/fleet.py status  [--config ...] [--dry-run]
   python launch/fleet.py train   [--config ...] [--job-name NAME] [--set rl.lr=3e-6 ...] [--dry-run]
   python launch/fleet.py weights --repo Qwen/Qwen3.5-35B-A3B --folder qwen3_5_35b_a3b [--dry-run]
   python launch/fleet.py down    [--config ...] [--delete-volumes] [--dry-run]
@@ -16,8 +16,8 @@ downloads a Hugging Face model into the models volume (SGLang's --model-path rea
 `down` deletes what `up` and `train` created, keeping the volumes (and the namespace that holds
 them) unless `--delete-volumes` is given. `--dry-run` touches nothing: `up`, `train` and
 `weights` print the manifests they would apply as YAML, `down` the objects it would delete (and
-keep), `status` the objects it would read. Fleet fields are overridden like experiment fields: `--config.env.replicas=5`.
-The cluster is the one of the current kubeconfig context (or `--kubeconfig`, `--context`).
+keep), `status` the objects it would read. Fleet fields are overridden like experiment fields:
+`--config.env.replicas=5`. The cluster is the one of the current kubeconfig context (or `--kubeconfig`, `--context`).
 """
 import os
 import secrets
