@@ -17,7 +17,8 @@ downloads a Hugging Face model into the models volume (SGLang's --model-path rea
 them) unless `--delete-volumes` is given. `--dry-run` touches nothing: `up`, `train` and
 `weights` print the manifests they would apply as YAML, `down` the objects it would delete (and
 keep), `status` the objects it would read. Fleet fields are overridden like experiment fields:
-`--config.env.replicas=5`. The cluster is the one of the current kubeconfig context (or `--kubeconfig`, `--context`).
+`--config.env.replicas=5`. The cluster is the one of the current kubeconfig context (or
+`--kubeconfig`, `--context`).
 """
 import os
 import secrets
