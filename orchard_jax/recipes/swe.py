@@ -508,6 +508,7 @@ def sft(config: ConfigDict) -> dict:
   or mini-swe-agent trajectories; writes run_dir/sft/checkpoints. Returns the data stats."""
   from orchard_jax.recipes import swe_policy
   check_cluster_settings(config, ("workdir", "env.url"))
+  _check_sft_config(config)
   run = _Run(config)
   try:
     with sandbox_client(config.env) as env_client:
@@ -675,13 +676,33 @@ def rl(config: ConfigDict) -> dict:
     run.close()
 
 
+def _check_sft_config(c: ConfigDict) -> None:
+  """Settings the SFT stage would otherwise reject only after the task set and the expert's
+  trajectories (minutes in).
+
+  Raises:
+    ConfigError: an unknown sft.mode or annotator.kind.
+  """
+  from orchard_jax.recipes import swe_annotate, swe_sft
+  if c.sft.mode not in swe_sft.SFT_MODES:
+    raise ConfigError(f"sft.mode is {c.sft.mode!r}; expected one of {swe_sft.SFT_MODES}")
+  if c.annotator.kind not in swe_annotate.ANNOTATOR_KINDS:
+    raise ConfigError(f"annotator.kind is {c.annotator.kind!r}; expected one of "
+                      f"{swe_annotate.ANNOTATOR_KINDS}")
+
+
 def _check_rl_config(c: ConfigDict) -> None:
   """Settings swe.rl would otherwise reject only after the task set and SFT (minutes in).
 
   Raises:
-    ConfigError: an unknown rl.reward or opd.mode, or OPD without a teacher.
+    ConfigError: an unknown rl.reward, judge.kind (with the rpr reward), opd.mode, sft.mode or
+      annotator.kind, or OPD without a teacher.
   """
+  from orchard_jax.recipes import swe_judge
   from orchard_jax.train import OPD_MODES
+  _check_sft_config(c)
+  if c.rl.reward == "rpr" and c.judge.kind not in swe_judge.JUDGE_KINDS:
+    raise ConfigError(f"judge.kind is {c.judge.kind!r}; expected one of {swe_judge.JUDGE_KINDS}")
   if c.rl.reward not in ("rpr", "binary"):
     raise ConfigError(f"rl.reward is {c.rl.reward!r}; expected 'binary' or 'rpr'")
   if c.opd.mode not in OPD_MODES:

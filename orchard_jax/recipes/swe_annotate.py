@@ -21,7 +21,7 @@ import dataclasses
 import time
 from typing import Optional
 
-from orchard_jax.recipes import llm
+from orchard_jax.recipes import ConfigError, llm
 from orchard_jax.recipes.swe_evidence import gather_evidence, read_steps, render_trajectory
 
 ANNOTATOR_KINDS = ("evidence", "llm")
@@ -205,7 +205,7 @@ def make_annotator(annotator_config):
   """The annotator an `annotator` ConfigDict names (kind "evidence" or "llm").
 
   Raises:
-    ValueError: an unknown kind.
+    ConfigError (a ValueError): an unknown kind.
   """
   kind = annotator_config.kind
   if kind == "evidence":
@@ -215,4 +215,4 @@ def make_annotator(annotator_config):
                         max_tokens=int(annotator_config.max_tokens),
                         observation_chars=int(annotator_config.observation_chars),
                         prompt=annotator_config.prompt)
-  raise ValueError(f"annotator.kind is {kind!r}; expected one of {ANNOTATOR_KINDS}")
+  raise ConfigError(f"annotator.kind is {kind!r}; expected one of {ANNOTATOR_KINDS}")

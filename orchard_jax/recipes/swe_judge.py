@@ -26,7 +26,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from orchard_jax import rl
-from orchard_jax.recipes import llm
+from orchard_jax.recipes import ConfigError, llm
 from orchard_jax.recipes.swe_evidence import Evidence, gather_evidence, render_trajectory
 from orchard_jax.tasks.swe.patches import patch_files
 
@@ -217,7 +217,7 @@ def make_judge(judge_config):
   """The judge a `judge` ConfigDict names (kind "evidence" or "llm").
 
   Raises:
-    ValueError: an unknown kind (lists the known ones).
+    ConfigError (a ValueError): an unknown kind (lists the known ones).
   """
   kind = judge_config.kind
   if kind == "evidence":
@@ -227,7 +227,7 @@ def make_judge(judge_config):
                     max_tokens=int(judge_config.max_tokens),
                     observation_chars=int(judge_config.observation_chars),
                     prompt=judge_config.prompt)
-  raise ValueError(f"judge.kind is {kind!r}; expected one of {JUDGE_KINDS}")
+  raise ConfigError(f"judge.kind is {kind!r}; expected one of {JUDGE_KINDS}")
 
 
 def judge_all(judge, items: Sequence[tuple[Any, Any]], *, max_workers: int = 4

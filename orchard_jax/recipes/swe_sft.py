@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from orchard_jax import data, rl, train
-from orchard_jax.recipes import swe_annotate
+from orchard_jax.recipes import ConfigError, swe_annotate
 from orchard_jax.recipes.swe_evidence import read_steps
 
 _log = logging.getLogger(__name__)
@@ -129,10 +129,10 @@ def credit_sequences(trajectories: Sequence[data.Trajectory], *, tokenizer, anno
     store: where recorded model calls live (for trajectories with a session id).
     parser: tool-call parser for the unparsable-action filter.
   Raises:
-    ValueError: an unknown mode.
+    ConfigError (a ValueError): an unknown mode.
   """
   if mode not in SFT_MODES:
-    raise ValueError(f"sft.mode is {mode!r}; expected one of {SFT_MODES}")
+    raise ConfigError(f"sft.mode is {mode!r}; expected one of {SFT_MODES}")
   instances = instances or {}
   candidates, lengths, undefined, unparsable = [], [], [], []
   for t in trajectories:

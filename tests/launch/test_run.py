@@ -247,3 +247,26 @@ def test_a_run_that_fails_before_any_output_leaves_no_run_folder(tmp_path):
   result = _run(["--config", "experiments/swe_sft.py", f"--config.workdir={mine}",
                  f"--config.tasks.dataset={tmp_path}/instances.jsonl"])
   assert result.returncode != 0 and mine.is_dir()
+
+
+@pytest.mark.parametrize("experiment, job, field, value", [
+    ("swe_rpr", "rl", "sft.mode", "credits"),
+    ("swe_rpr", "rl", "judge.kind", "gpt"),
+    ("swe_rpr", "rl", "annotator.kind", "human"),
+    ("swe_sft", "sft", "sft.mode", "credits"),
+    ("swe_sft", "sft", "annotator.kind", "human"),
+])
+def test_sft_and_grader_settings_are_refused_before_any_work(tmp_path, experiment, job, field,
+                                                             value):
+  # Without the early check these surfaced only after the task set, the expert's trajectories
+  # and (for rl) SFT: minutes into the run.
+  import importlib
+  from orchard_jax import recipes
+  from orchard_jax.recipes import swe
+  config = importlib.import_module(f"experiments.{experiment}").get_config()
+  config.workdir = str(tmp_path / "run")
+  section, name = field.split(".")
+  config[section][name] = value
+  with pytest.raises(recipes.ConfigError, match=f"{field} is '{value}'; expected one of"):
+    getattr(swe, job)(config)
+  assert not (tmp_path / "run").exists()
