@@ -744,6 +744,8 @@ def evaluate_checkpoint(config: ConfigDict) -> dict:
   from orchard_jax.recipes import swe_policy, swe_value
   check_cluster_settings(config, ("env.url", "engine.urls"))
   swe_policy.check_checkpoint(config.checkpoint, field="config.checkpoint")  # before any work
+  if config.eval.value_checkpoint:
+    swe_value.value_checkpoint_dir(config.eval.value_checkpoint)
   run = _Run(config)
   try:
     record = run.load_split(config.checkpoint)

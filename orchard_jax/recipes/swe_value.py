@@ -139,15 +139,25 @@ def build_value_model(config, mesh, tokenizer) -> ValueModel:
       lambda: ValueModel(model_config, rngs=nnx.Rngs(int(config.seed))), mesh)
 
 
-def load_value_model(config, path: str, mesh, tokenizer) -> ValueModel:
-  """The value model a value run wrote (run folder, its value/ folder, or checkpoints/)."""
-  model = build_value_model(config, mesh, tokenizer)
+def value_checkpoint_dir(path: str, *, field: str = "eval.value_checkpoint") -> str:
+  """The orbax checkpoint folder of the value model a value run wrote under `path` (the run
+  folder, its value/ folder, or checkpoints/). Cheap: callers check it before any work.
+
+  Raises:
+    PolicyError: there is none (the message names the config field and the path).
+  """
   for sub in ("value", ""):
     folder = swe_policy.find_checkpoint_dir(os.path.join(path, sub) if sub else path)
     if folder:
-      break
-  else:
-    raise swe_policy.PolicyError(f"no value-model checkpoint under {path!r}")
+      return folder
+  raise swe_policy.PolicyError(f"{field}: no value-model checkpoint under {path!r} (expected "
+                               "the folder of a swe_value run)")
+
+
+def load_value_model(config, path: str, mesh, tokenizer) -> ValueModel:
+  """The value model a value run wrote (run folder, its value/ folder, or checkpoints/)."""
+  folder = value_checkpoint_dir(path)
+  model = build_value_model(config, mesh, tokenizer)
   parts = train.ModelParts.of(model)
   params = train.restore_params(folder, train.abstract_like(parts.pure_params(),
                                                             parts.param_shardings(mesh)))

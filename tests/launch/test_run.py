@@ -270,3 +270,22 @@ def test_sft_and_grader_settings_are_refused_before_any_work(tmp_path, experimen
   with pytest.raises(recipes.ConfigError, match=f"{field} is '{value}'; expected one of"):
     getattr(swe, job)(config)
   assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_value_checkpoint_is_refused_before_any_work(tmp_path):
+  # swe_eval with a policy checkpoint and eval.value_checkpoint: the value model used to be
+  # looked for only after the task set was built and every instance evaluated k times.
+  import importlib
+  from orchard_jax import recipes
+  from orchard_jax.recipes import swe
+  policy = tmp_path / "hf_policy"              # passes the cheap Hugging Face folder check
+  policy.mkdir()
+  (policy / "config.json").write_text("{}")
+  (policy / "model.safetensors").write_bytes(b"")
+  config = importlib.import_module("experiments.swe_eval").get_config()
+  config.checkpoint = str(policy)
+  config.workdir = str(tmp_path / "run")
+  config.eval.value_checkpoint = str(tmp_path / "no_value_run")
+  with pytest.raises(recipes.ConfigError, match="eval.value_checkpoint: no value-model"):
+    swe.evaluate(config)
+  assert not (tmp_path / "run").exists()
