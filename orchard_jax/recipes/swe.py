@@ -509,6 +509,7 @@ def sft(config: ConfigDict) -> dict:
   from orchard_jax.recipes import swe_policy
   check_cluster_settings(config, ("workdir", "env.url"))
   _check_sft_config(config)
+  _check_sft_inputs(config)
   run = _Run(config)
   try:
     with sandbox_client(config.env) as env_client:
@@ -691,16 +692,51 @@ def _check_sft_config(c: ConfigDict) -> None:
                       f"{swe_annotate.ANNOTATOR_KINDS}")
 
 
+def _check_sft_inputs(c: ConfigDict) -> None:
+  """The folders SFT reads (policy.init, a non-expert sft.source) exist, checked before the
+  task set, the replay expert and tasks.json (a typo otherwise fails after them, as a
+  traceback, leaving a run folder behind).
+
+  Raises:
+    ConfigError: sft.source or policy.init names nothing usable (the message names the field).
+  """
+  from orchard_jax.recipes import swe_policy
+  if c.sft.source != "expert" and not os.path.exists(c.sft.source):
+    raise ConfigError(f"sft.source: {c.sft.source!r} does not exist; expected 'expert', a "
+                      "trajectory store folder or a mini-swe-agent trajectory folder")
+  if c.policy.init:
+    swe_policy.check_checkpoint(c.policy.init, field="policy.init")
+
+
 def _check_rl_config(c: ConfigDict) -> None:
   """Settings swe.rl would otherwise reject only after the task set and SFT (minutes in).
 
   Raises:
     ConfigError: an unknown rl.reward, judge.kind (with the rpr reward), opd.mode, sft.mode or
-      annotator.kind, or OPD without a teacher.
+      annotator.kind, OPD without a teacher, a negative rl.iterations or a non-positive
+      rl.prompts_per_iteration, BAR settings BARConfig refuses, or a policy.init, SFT source
+      or opd.teacher_init folder that does not exist.
   """
-  from orchard_jax.recipes import swe_judge
+  from orchard_jax import rl as rl_lib
+  from orchard_jax.recipes import swe_judge, swe_policy
   from orchard_jax.train import OPD_MODES
   _check_sft_config(c)
+  if c.policy.init:
+    swe_policy.check_checkpoint(c.policy.init, field="policy.init")
+  elif c.sft.enabled:
+    _check_sft_inputs(c)
+  if int(c.rl.iterations) < 0:
+    raise ConfigError(f"rl.iterations is {c.rl.iterations}; expected 0 (SFT and the final "
+                      "evaluation only) or a positive count")
+  if int(c.rl.prompts_per_iteration) < 1 or int(c.rl.oversample) < 0:
+    raise ConfigError(f"rl.prompts_per_iteration is {c.rl.prompts_per_iteration} and "
+                      f"rl.oversample {c.rl.oversample}; expected at least 1 and at least 0")
+  try:
+    rl_lib.BARConfig(group_size=int(c.rl.bar.group_size),
+                     max_rollouts=int(c.rl.bar.max_rollouts), stride=int(c.rl.bar.stride),
+                     positive_fraction=tuple(c.rl.bar.positive_fraction))
+  except rl_lib.RLError as e:
+    raise ConfigError(f"rl.bar: {e}") from e
   if c.rl.reward == "rpr" and c.judge.kind not in swe_judge.JUDGE_KINDS:
     raise ConfigError(f"judge.kind is {c.judge.kind!r}; expected one of {swe_judge.JUDGE_KINDS}")
   if c.rl.reward not in ("rpr", "binary"):
@@ -712,6 +748,8 @@ def _check_rl_config(c: ConfigDict) -> None:
                       "opd.teacher_urls (SGLang servers) or opd.teacher_init (a checkpoint, run "
                       "or Hugging Face folder served by a second embedded engine, e.g. "
                       "--config.opd.teacher_init=runs/swe_rpr_tiny)")
+  if c.opd.mode != "none" and not str(c.opd.teacher_urls).strip():
+    swe_policy.check_checkpoint(c.opd.teacher_init, field="opd.teacher_init")
 
 
 def data_keys(config: ConfigDict) -> tuple[str, ...]:

@@ -53,3 +53,53 @@ def test_a_multi_host_run_without_remote_engines_is_refused(tmp_path, monkeypatc
   with pytest.raises(ValueError, match="needs remote engines"):
     swe.rl(config)
   assert not os.path.exists(config.workdir)
+
+
+def _set(config, field, value):
+  *blocks, name = field.split(".")
+  for block in blocks:
+    config = config[block]
+  config[name] = value
+
+
+@pytest.mark.parametrize("experiment, change, message", [
+    (swe_rpr, {"rl.iterations": -1}, "rl.iterations is -1"),
+    (swe_rpr, {"rl.prompts_per_iteration": 0}, "rl.prompts_per_iteration is 0"),
+    (swe_rpr, {"rl.bar.group_size": 0}, "rl.bar: BAR needs group_size >= 1"),
+    (swe_rpr, {"rl.bar.positive_fraction": (0.8, 0.2)}, "rl.bar: positive_fraction"),
+    (swe_rpr, {"policy.init": "runs/no_such_run"}, "policy.init: 'runs/no_such_run' does not"),
+    (swe_rpr, {"sft.source": "runs/no_such_run/store"},
+     "sft.source: 'runs/no_such_run/store' does not exist"),
+    (swe_opd, {"opd.teacher_init": "runs/no_such_run"},
+     "opd.teacher_init: 'runs/no_such_run' does not exist"),
+    (swe_sft, {"sft.source": "runs/no_such_run/store"},
+     "sft.source: 'runs/no_such_run/store' does not exist"),
+    (swe_sft, {"policy.init": "runs/no_such_run"}, "policy.init: 'runs/no_such_run' does not"),
+])
+def test_a_missing_input_or_an_impossible_number_is_refused_before_any_work(
+    tmp_path, monkeypatch, experiment, change, message):
+  """Each was found by a new-user walkthrough: SFT ran for minutes (rl.iterations=-1 and a
+  missing opd.teacher_init only failed, if at all, after it), or a missing sft.source was a
+  FileNotFoundError traceback after tasks.json had been written into the run folder."""
+  from orchard_jax.recipes import ConfigError
+  monkeypatch.chdir(tmp_path)                      # "runs/no_such_run" is relative
+  config = experiment.get_config()
+  config.workdir = str(tmp_path / "run")
+  for field, value in change.items():
+    _set(config, field, value)
+  job = swe.sft if experiment is swe_sft else swe.rl
+  with pytest.raises(ConfigError, match=message):
+    job(config)
+  assert not os.path.exists(config.workdir)
+
+
+def test_a_sft_source_is_not_needed_when_policy_init_skips_sft(tmp_path):
+  """swe.rl with policy.init set runs no SFT, so a stale sft.source is not refused: with both
+  wrong, the error names policy.init, the one the run would read."""
+  from orchard_jax.recipes import ConfigError
+  config = swe_rpr.get_config()
+  config.workdir = str(tmp_path / "run")
+  config.sft.source = str(tmp_path / "no_such_store")
+  config.policy.init = str(tmp_path / "no_such_run")
+  with pytest.raises(ConfigError, match="policy.init"):
+    swe.rl(config)
