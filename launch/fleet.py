@@ -372,8 +372,16 @@ def main(argv):
     raise app.UsageError("--set is for `train` (experiment overrides of the training Job)")
   extra = [experiment_override(text) for text in _SET.value]
   config = _CONFIG.value
-  if extra:
-    check_overrides(config.training.experiment, extra)
+  if command == "train":     # a misspelt experiment or preset fails here, not in the pod
+    try:
+      experiment = overrides.cluster_experiment(
+          config.training.experiment,
+          pinned_workdir=any(a.startswith("--config.workdir=") for a in extra))
+    except overrides.OverrideError as e:
+      raise app.UsageError(f"training.experiment: {e}") from None
+    check_overrides(experiment, extra)
+    with config.unlocked():
+      config.training.experiment = experiment
   try:
     if _DRY_RUN.value:
       if command == "train":
@@ -412,4 +420,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=overrides.flags_parser("config"))
+  app.run(overrides.usage_errors_as_one_line(main),
+          flags_parser=overrides.flags_parser("config"))

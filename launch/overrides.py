@@ -9,6 +9,7 @@ import os
 import re
 import sys
 
+from absl import app
 from absl import flags
 from ml_collections import config_flags
 from ml_collections.config_flags import config_path
@@ -36,7 +37,48 @@ def load_experiment(spec: str):
   module_spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
     raise OverrideError(f"{found} defines no get_config(preset)")
-  return module.get_config(preset) if preset else module.get_config()
+  try:
+    return module.get_config(preset) if preset else module.get_config()
+  except (ValueError, KeyError) as e:      # an unknown preset
+    raise OverrideError(f"experiment {spec}: {e}") from None
+
+
+def cluster_experiment(spec: str, *, pinned_workdir: bool = False) -> str:
+  """Checks `experiments/NAME.py[:preset]` for a training Job and returns it as the image sees
+  it: a path relative to the repository root (the image's working directory), with ":preset".
+
+  A Job writes its run folder to $ORCHARD_CHECKPOINT_DIR on the checkpoints volume; a config
+  with a `workdir` field that does not read it (e.g. the tiny preset, whose run folder is
+  runs/<name>_tiny inside the container) would lose its checkpoints with the pod.
+
+  Args:
+    spec: the experiment argument.
+    pinned_workdir: the Job's overrides set `workdir` themselves (then it is not checked).
+  Raises:
+    OverrideError: the file is missing or outside the repository, the preset is unknown, or
+      the run folder would not be on the checkpoints volume.
+  """
+  path, sep, preset = spec.partition(":")
+  absolute = os.path.abspath(path if os.path.isfile(path) else os.path.join(ROOT, path))
+  if os.path.commonpath([absolute, ROOT]) != ROOT:
+    raise OverrideError(f"the experiment file {path!r} is outside the repository ({ROOT}); the "
+                        "training image only has files from the repository")
+  sentinel = "/orchard-checkpoint-dir-probe"
+  saved = os.environ.get("ORCHARD_CHECKPOINT_DIR")
+  os.environ["ORCHARD_CHECKPOINT_DIR"] = sentinel
+  try:
+    config = load_experiment(spec)
+  finally:
+    if saved is None:
+      del os.environ["ORCHARD_CHECKPOINT_DIR"]
+    else:
+      os.environ["ORCHARD_CHECKPOINT_DIR"] = saved
+  if not pinned_workdir and "workdir" in config and config.workdir != sentinel:
+    raise OverrideError(
+        f"experiment {spec}: its run folder (workdir {config.workdir!r}) does not follow "
+        "$ORCHARD_CHECKPOINT_DIR, so a training Job would write checkpoints inside its pod and "
+        "lose them; use the cluster preset (e.g. experiments/swe_rpr.py:cluster)")
+  return os.path.relpath(absolute, ROOT) + sep + preset
 
 
 def check(config, pairs: list[tuple[str, str]], *, flag: str = "--config") -> None:
@@ -118,6 +160,19 @@ def flags_parser(*file_flags: str):
     except (AttributeError, KeyError) as e:
       _exit_unknown_field(e, argv, file_flags)
   return parse
+
+
+def usage_errors_as_one_line(main):
+  """Wraps an absl `main` so an `app.UsageError` (a missing --config, an unknown command) is
+  written as one `error: ...` line with exit status 2, as flags_parser's errors are, instead of
+  absl's usage text and flag list (40+ lines, the error last) with status 1."""
+  def wrapped(argv):
+    try:
+      return main(argv)
+    except app.UsageError as e:
+      sys.stderr.write(f"error: {e} (see --help)\n")
+      sys.exit(2)
+  return wrapped
 
 
 def define_config_file(name: str, default: str | None, help_string: str):

@@ -52,4 +52,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=overrides.flags_parser("config"))
+  app.run(overrides.usage_errors_as_one_line(main),
+          flags_parser=overrides.flags_parser("config"))

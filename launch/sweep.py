@@ -162,31 +162,23 @@ def run_locally(config_arg: str, fixed: list[str], points, workdirs=None) -> int
 def render(fleet, config_arg: str, fixed: list[str], points, name: str) -> list[dict]:
   """One training Job (and its headless Service) per point, labelled with the sweep's name."""
   from launch.k8s import training
+  if any(a.startswith("--config.workdir=") for a in fixed):
+    raise SweepError("--render: a fixed --config.workdir would give every point's Job the same "
+                     "run folder (each resumes from the others' checkpoints); each Job has its "
+                     "own $ORCHARD_CHECKPOINT_DIR, which the cluster preset reads")
+  try:
+    experiment = overrides.cluster_experiment(config_arg)
+  except overrides.OverrideError as e:
+    raise SweepError(f"--render: {e}") from None
   objects = []
   for index, point in enumerate(points):
     job_config = fleet.copy_and_resolve_references()
     job_config.unlock()
-    job_config.training.experiment = in_image_path(config_arg)
+    job_config.training.experiment = experiment
     labels = {"orchard.dev/sweep": name, "orchard.dev/sweep-point": str(index)}
     objects += training.training_job(job_config, name=f"{name}-{index}",
                                      overrides=[*fixed, *point_args(point)], labels=labels)
   return objects
-
-
-def in_image_path(config_arg: str) -> str:
-  """The experiment argument as the training image sees it: a path relative to the
-  repository root (the image's working directory), keeping a ":preset" suffix.
-
-  Raises:
-    SweepError: the file is outside this repository, so the image does not have it.
-  """
-  path, sep, preset = config_arg.partition(":")
-  root = os.path.dirname(_HERE)
-  absolute = os.path.abspath(path)
-  if os.path.commonpath([absolute, root]) != root:
-    raise SweepError(f"--render: the experiment file {path!r} is outside the repository "
-                     f"({root}); the training image only has files from the repository")
-  return os.path.relpath(absolute, root) + sep + preset
 
 
 def default_name(config_arg: str) -> str:
@@ -235,4 +227,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=overrides.flags_parser("config", "fleet"))
+  app.run(overrides.usage_errors_as_one_line(main),
+          flags_parser=overrides.flags_parser("config", "fleet"))

@@ -62,3 +62,39 @@ def test_dry_runs_of_down_and_status_print_no_manifests():
   assert "would list Pods in orchard-sandboxes" in result.stdout
   result = _cli("up", "--dry-run")                                    # up still prints YAML
   assert result.returncode == 0 and "apiVersion" in result.stdout
+
+
+@pytest.mark.parametrize("experiment, message", [
+    ("experiments/swe_rpx.py:cluster", "experiment file 'experiments/swe_rpx.py' not found"),
+    ("experiments/swe_rpr.py:clustr", "preset 'clustr' is not one of"),
+    ("experiments/swe_rpr.py", "does not follow $ORCHARD_CHECKPOINT_DIR"),   # the tiny preset
+])
+def test_train_refuses_an_experiment_its_job_could_not_run(experiment, message):
+  """Found by a new-user walkthrough: without --set the experiment was never loaded, so a
+  misspelt file or preset rendered (and `train` would submit) a Job that fails in its pods, and
+  the tiny preset's run folder would be inside the pod, lost with it; with --set a misspelt
+  preset was a traceback."""
+  for extra in ([], ["--set", "rl.lr=1e-6"]):
+    result = _cli("train", "--dry-run", "--job-name", "rpr-1",
+                  f"--config.training.experiment={experiment}", *extra)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: training.experiment: ") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+
+
+def test_train_runs_the_experiment_by_its_path_inside_the_image():
+  result = _cli("train", "--dry-run", "--job-name", "rpr-1",
+                f"--config.training.experiment={ROOT}/experiments/swe_rpr.py:cluster")
+  assert result.returncode == 0, result.stderr
+  import yaml
+  job = next(o for o in yaml.safe_load_all(result.stdout) if o["kind"] == "Job")
+  command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+  assert command == ["python", "launch/run.py", "--config", "experiments/swe_rpr.py:cluster"]
+
+
+def test_an_unknown_command_is_one_line():
+  result = _cli("upp", "--dry-run")
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      "error: expected a command, one of ('up', 'down', 'status', 'train', 'weights'); saw "
+      "['upp'] (see --help)"]

@@ -120,3 +120,24 @@ def test_local_points_run_with_their_overrides_in_separate_run_folders(tmp_path)
       assert [(t.trajectory_id, t.experiment) for t in store.trajectories()] == [("t0", name)]
   assert not base.exists()     # the base folder itself is never written by a point
 
+
+
+def test_render_refuses_a_preset_whose_run_folder_would_be_lost_with_the_pod():
+  """Found by a new-user walkthrough: README's sweep example with --render added rendered Jobs
+  of the tiny preset, whose run folder (runs/swe_rpr_tiny) ignores $ORCHARD_CHECKPOINT_DIR and
+  would live inside each pod; and a fixed --config.workdir gave every point's Job one folder."""
+  result = _sweep("--config", "experiments/swe_rpr.py", "--sweep", "rl.lr=1e-6,3e-6", "--render")
+  assert result.returncode == 2 and result.stdout == ""
+  assert "does not follow $ORCHARD_CHECKPOINT_DIR" in result.stderr
+  result = _sweep("--config", "experiments/swe_rpr.py:cluster", "--config.workdir=/checkpoints/x",
+                  "--sweep", "rl.lr=1e-6,3e-6", "--render")
+  assert result.returncode == 2 and result.stdout == ""
+  assert "a fixed --config.workdir would give every point's Job the same run folder" \
+      in result.stderr
+  result = _sweep("--config", "experiments/swe_rpr.py:cluster", "--sweep", "rl.lr=1e-6,3e-6",
+                  "--render")
+  assert result.returncode == 0, result.stderr
+  env = [{e["name"]: e.get("value") for e in o["spec"]["template"]["spec"]["containers"][0]["env"]}
+         for o in yaml.safe_load_all(result.stdout) if o["kind"] == "Job"]
+  assert [e["ORCHARD_CHECKPOINT_DIR"] for e in env] == ["/checkpoints/swe-rpr-0",
+                                                        "/checkpoints/swe-rpr-1"]

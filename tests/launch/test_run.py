@@ -57,9 +57,12 @@ def test_unknown_job_names_the_known_jobs(tmp_path):
 
 
 def test_missing_config_flag_is_a_usage_error():
+  """One line and status 2, like every other refusal (absl printed its usage text and every
+  flag, the error last, with status 1)."""
   result = _run([])
-  assert result.returncode != 0
-  assert "--config is required" in result.stderr
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      "error: --config is required, e.g. --config experiments/swe_rpr.py (see --help)"]
 
 
 def test_unknown_preset_is_one_line_naming_the_presets():
@@ -183,7 +186,7 @@ def test_a_misspelt_override_of_a_default_fleet_config_is_one_line():
   _one_line_error(result, "unknown config field 'replicsa' in --config.env.replicsa",
                   '"replicas"')
   # A correct override of the default still applies.
-  result = launcher("sweep.py", "--config", "experiments/swe_rpr.py", "--sweep",
+  result = launcher("sweep.py", "--config", "experiments/swe_rpr.py:cluster", "--sweep",
                     "rl.lr=1e-6,3e-6", "--fleet.image=registry.example/orchard:v7", "--render")
   assert result.returncode == 0, result.stderr
   assert "image: registry.example/orchard:v7" in result.stdout
