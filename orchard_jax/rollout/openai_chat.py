@@ -43,6 +43,33 @@ def sampling_params_of(request: _Request, max_new_tokens: Optional[int]) -> Samp
     raise RequestError(f"invalid sampling settings: {e}") from e
 
 
+def check_text_chat(request: ChatCompletionRequest) -> None:
+  """Refuses what a text-only chat template would silently drop: content parts that are not
+  text (images, audio) and tools that are not OpenAI function schemas.
+
+  Used where this project renders the prompt itself (the engine's server, the proxy in front
+  of SGLang); a hosted upstream behind the proxy validates its own requests.
+
+  Raises:
+    RequestError: names the message/part or tool and what was expected.
+  """
+  for i, message in enumerate(request.messages):
+    content = message.get("content")
+    if isinstance(content, list):
+      for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if not (isinstance(part, str) or kind == "text"):
+          raise RequestError(f"messages[{i}].content[{j}] has type {kind!r}; this model reads "
+                             "text only (parts of type 'text')")
+  for i, tool in enumerate(request.tools or ()):
+    function = tool.get("function") if isinstance(tool, dict) else None
+    if not (isinstance(tool, dict) and tool.get("type", "function") == "function"
+            and isinstance(function, dict) and isinstance(function.get("name"), str)
+            and function["name"]):
+      raise RequestError(f"tools[{i}] is {tool!r}; expected an OpenAI function tool "
+                         "{'type': 'function', 'function': {'name': ..., 'parameters': {...}}}")
+
+
 def assistant_message(text: str, tools: Optional[Sequence[dict]], *, parser: str,
                       separate_reasoning: bool = True) -> tuple[ChatMessageOut, Any]:
   """Parse one generated turn into an assistant message.

@@ -56,7 +56,8 @@ from orchard_jax.data import ChatTemplateError, ModelCall, chat_messages
 from orchard_jax.rollout.background import BackgroundServer
 from orchard_jax.rollout.errors import RequestError, RolloutError, SessionError, UpstreamError
 from orchard_jax.rollout.openai_chat import (
-  assistant_message, chat_completion, sampling_params_of, stream_chat_chunks, token_logprobs)
+  assistant_message, chat_completion, check_text_chat, sampling_params_of, stream_chat_chunks,
+  token_logprobs)
 from orchard_jax.rollout.openai_protocol import ChatCompletionRequest, ChatCompletionResponse
 from orchard_jax.rollout.protocol import SamplingParams
 from orchard_jax.rollout.recorder import RecordWriter
@@ -426,6 +427,8 @@ class RecordingProxy:
       RolloutError: RequestError for an invalid body, UpstreamError, SessionError.
     """
     request = _parse_chat_request(raw_body)
+    if not self.upstream.text_only:  # we render the prompt; a hosted API checks its own
+      check_text_chat(request)
     session = self.sessions.get(session_id)
     if session is None:
       session = self.sessions.setdefault(session_id, _Session(session_id))

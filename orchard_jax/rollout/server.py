@@ -37,7 +37,8 @@ from orchard_jax.rollout.background import BackgroundServer
 from orchard_jax.rollout.engine import Engine
 from orchard_jax.rollout.errors import RequestError, RolloutError
 from orchard_jax.rollout.openai_chat import (
-  assistant_message, chat_completion, sampling_params_of, stream_chat_chunks, token_logprobs)
+  assistant_message, chat_completion, check_text_chat, sampling_params_of, stream_chat_chunks,
+  token_logprobs)
 from orchard_jax.rollout.openai_protocol import (
   ChatCompletionRequest, CompletionChoice, CompletionLogprobs, CompletionRequest,
   CompletionResponse, Usage, openai_finish_reason)
@@ -164,6 +165,7 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
   @app.post("/v1/chat/completions")
   async def chat(request: ChatCompletionRequest):
     note_ignored(request)
+    check_text_chat(request)
     tools = request.offered_tools()
     prompt = engine.tokenizer.render_chat(request.messages, tools, add_generation_prompt=True,
                                           **(request.chat_template_kwargs or {}))

@@ -251,6 +251,15 @@ def test_invalid_requests_get_400_naming_the_field(tokenizer):
       (json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                    "temperature": -1}), "temperature: Input should be greater than or equal"),
       ("{not json", "Invalid JSON"),
+      # The chat template keeps text parts only: an image part or a tool without a function
+      # schema used to be dropped silently and the call answered (found by a walkthrough).
+      (json.dumps({"model": "m", "messages": [{"role": "user", "content": [
+          {"type": "text", "text": "what is this?"},
+          {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}),
+       "messages[0].content[1] has type 'image_url'; this model reads text only"),
+      (json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                   "tools": [{"type": "function"}]}),
+       "tools[0] is {'type': 'function'}; expected an OpenAI function tool"),
     ]
     for body, expected in cases:
       response = http.post(url, content=body, headers={"content-type": "application/json"})

@@ -80,6 +80,27 @@ def test_generate_raw_http_shape_and_errors(server):
   assert httpx.get(server.url + "/get_weight_version").json()["weight_version"]
 
 
+
+def test_chat_refuses_what_the_text_template_would_drop(server):
+  """An image part or a tool without a function schema was answered with HTTP 200, the part or
+  tool silently left out of the prompt (found by a new-user walkthrough); text parts still
+  work."""
+  url = server.url + "/v1/chat/completions"
+  image = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": [
+      {"type": "text", "text": "what is this?"},
+      {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}
+  bad = httpx.post(url, json=image, timeout=120)
+  assert bad.status_code == 400
+  assert ("messages[0].content[1] has type 'image_url'; this model reads text only"
+          in bad.json()["message"])
+  tool = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}],
+          "tools": [BASH_TOOL, {"type": "function", "function": {"description": "no name"}}]}
+  bad = httpx.post(url, json=tool, timeout=120)
+  assert bad.status_code == 400 and "tools[1] is" in bad.json()["message"]
+  text_parts = dict(image, messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+  ok = httpx.post(url, json=dict(text_parts, tools=[BASH_TOOL]), timeout=120)
+  assert ok.status_code == 200, ok.text
+
 def test_generate_streaming(server):
   body = {"input_ids": [4, 5, 6], "stream": True,
           "sampling_params": {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True}}
