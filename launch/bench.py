@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
+from launch import overrides  # noqa: E402
 from launch.benchmarks import common  # noqa: E402
 
 _SUITE = flags.DEFINE_string("suite", None, "Benchmark suite: one of " + ", ".join(common.SUITES))
@@ -29,4 +30,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(overrides.usage_errors_as_one_line(main))

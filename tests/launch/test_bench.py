@@ -18,3 +18,14 @@ def test_json_rows_land_in_a_folder_that_did_not_exist(tmp_path):
   written = json.loads(path.read_text())
   assert [r["case"] for r in written] == ["decode batch 8", "exec p50"]
   assert [r["ratio"] for r in written] == [300.0 / 200.0, 2.0 / 4.0]
+
+
+def test_a_misspelt_suite_is_one_line_and_status_2():
+  """Was absl's usage text and flag list with the error last, status 1 (walkthrough)."""
+  import subprocess
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  result = subprocess.run([sys.executable, os.path.join(root, "launch", "bench.py"), "--suite",
+                           "proxyy"], capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      f"error: --suite is 'proxyy'; expected one of {list(common.SUITES)} (see --help)"]
