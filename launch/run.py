@@ -47,6 +47,10 @@ def main(argv):
   except recipes.ConfigError as e:     # a missing checkpoint, predictions file, tokenizer...
     sys.stderr.write(f"error: {e}\n")
     sys.exit(2)
+  except KeyboardInterrupt:            # Ctrl-C outside a recipe's own handling: no traceback
+    sys.stderr.write("interrupted (Ctrl-C): files written so far are kept; the same command "
+                     "resumes from the run's last checkpoint where its job writes them\n")
+    sys.exit(130)
   if getattr(result, "stopped_by", None) == "interrupted":   # a Ctrl-C the recipe handled
     sys.exit(130)                                            # (its work is stored) still fails
 

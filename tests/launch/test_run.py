@@ -292,3 +292,27 @@ def test_a_missing_value_checkpoint_is_refused_before_any_work(tmp_path):
   with pytest.raises(recipes.ConfigError, match="eval.value_checkpoint: no value-model"):
     swe.evaluate(config)
   assert not (tmp_path / "run").exists()
+
+
+def test_ctrl_c_in_a_job_is_one_line_and_status_130(tmp_path):
+  """A Ctrl-C during the main job's SFT printed a 40-line KeyboardInterrupt traceback from deep
+  inside jax (walkthrough). The job is replaced by one raising KeyboardInterrupt, as SIGINT does
+  wherever the job is; launch/run.py's own main and flags parser run as a user runs them."""
+  script = textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {ROOT!r})
+      sys.argv = ["launch/run.py", "--config", {_write_config(tmp_path, "lm.sft")!r}]
+      from absl import app
+      from launch import overrides, run
+      from orchard_jax import recipes
+      def interrupted(config):
+        raise KeyboardInterrupt
+      recipes.run_job = interrupted
+      app.run(overrides.usage_errors_as_one_line(run.main),
+              flags_parser=overrides.flags_parser("config"))
+      """)
+  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 130, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines()[-1].startswith("interrupted (Ctrl-C): files written")
