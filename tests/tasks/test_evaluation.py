@@ -90,3 +90,15 @@ def test_broken_predictions_file_names_the_line(tmp_path):
   (tmp_path / "preds.json").write_text('{"instance_id": "a"}\n{"instance_id": "b"}\n')
   with pytest.raises(evaluation.EvaluationError, match=r"not valid JSON.*\.jsonl"):
     evaluation.load_predictions(str(tmp_path / "preds.json"), [])
+
+
+def test_a_prediction_without_model_patch_is_refused_not_graded_as_empty(tmp_path):
+  # Walkthrough: {"instance_id", "patch"} (another schema's key) was graded as an empty patch,
+  # 'unresolved', exit status 0. null stays SWE-bench's "no patch".
+  path = tmp_path / "preds.jsonl"
+  path.write_text(json.dumps({"instance_id": "a", "model_patch": None}) + "\n"
+                  + json.dumps({"instance_id": "b", "patch": "diff"}) + "\n")
+  with pytest.raises(evaluation.EvaluationError,
+                     match=r"record 1 \('b'\) has no model_patch \(keys: \['instance_id', "
+                           r"'patch'\]\)"):
+    evaluation.load_predictions(str(path), [])

@@ -213,7 +213,12 @@ def load_predictions(source: str, instances: Sequence[SWEInstance]) -> dict[str,
   for n, record in enumerate(records):
     if not isinstance(record, dict) or "instance_id" not in record:
       raise EvaluationError(f"{source}: record {n} has no instance_id: {str(record)[:200]}")
-    patch = record.get("model_patch")
+    if "model_patch" not in record:    # null is SWE-bench's "no patch"; a missing key means
+      raise EvaluationError(           # a file of another schema, not empty predictions
+        f"{source}: record {n} ({record['instance_id']!r}) has no model_patch (keys: "
+        f"{sorted(record)}); expected SWE-bench's prediction format {{\"instance_id\", "
+        f"\"model_patch\", \"model_name_or_path\"}}")
+    patch = record["model_patch"]
     if patch is None:
       patch = ""
     if not isinstance(patch, str):
