@@ -30,6 +30,7 @@ import logging
 from typing import Any, AsyncIterator
 
 import fastapi
+import pydantic
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -47,6 +48,18 @@ from orchard_jax.rollout.protocol import (
   UpdateWeightsFromDiskRequest)
 
 _log = logging.getLogger(__name__)
+
+
+def _validation_message(error: pydantic.ValidationError) -> str:
+  """`field.path: what is wrong` per error, as the OpenAI routes report them (pydantic's own
+  text carries input echoes and a documentation URL on several lines)."""
+  prefix = "sampling_params." if error.title == "SamplingParams" else ""
+  parts = []
+  for err in error.errors():
+    where = ".".join(str(x) for x in err.get("loc", ()))
+    parts.append(f"{prefix}{where}: {err.get('msg')}" if where else
+                 f"{prefix.rstrip('.') + ': ' if prefix else ''}{err.get('msg')}")
+  return "; ".join(parts) or str(error)
 
 
 def error_response(message: str, status: int, kind: str = "BadRequestError") -> JSONResponse:
@@ -126,6 +139,8 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
     try:
       request = GenerateRequest.model_validate(body)
       singles = request.split()
+    except pydantic.ValidationError as e:
+      raise RequestError(_validation_message(e)) from e
     except ValueError as e:
       raise RequestError(str(e)) from e
     if request.stream:

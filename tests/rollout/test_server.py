@@ -101,6 +101,24 @@ def test_chat_refuses_what_the_text_template_would_drop(server):
   ok = httpx.post(url, json=dict(text_parts, tools=[BASH_TOOL]), timeout=120)
   assert ok.status_code == 200, ok.text
 
+
+def test_generate_errors_name_the_field_in_one_line(server):
+  """/generate returned pydantic's multi-line text ("1 validation error for SamplingParams",
+  the input echoed, a documentation URL); now `field: problem`, as the OpenAI routes do."""
+  cases = [
+      ({"text": "x", "sampling_params": {"temperature": -1}},
+       "sampling_params.temperature: Input should be greater than or equal to 0"),
+      ({"text": "x", "sampling_params": {"max_new_tokens": "four"}},
+       "sampling_params.max_new_tokens: Input should be a valid integer"),
+      ({"txt": "x"}, "txt: Extra inputs are not permitted"),
+  ]
+  for body, expected in cases:
+    bad = httpx.post(server.url + "/generate", json=body, timeout=120)
+    assert bad.status_code == 400
+    message = bad.json()["message"]
+    assert message.startswith(expected), message
+    assert "\n" not in message and "errors.pydantic.dev" not in message
+
 def test_generate_streaming(server):
   body = {"input_ids": [4, 5, 6], "stream": True,
           "sampling_params": {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True}}
