@@ -107,14 +107,23 @@ def import_trajectories(config: ConfigDict) -> list[data.Trajectory]:
   trajectories that name no experiment get config.import_experiment.
 
   Raises:
-    DistillError: import_from is empty.
-    data.TrajectoryFormatError: a file is not a mini-swe-agent trajectory, or none was found.
+    DistillError: import_from is empty or does not exist, a file is not a mini-swe-agent
+      trajectory, or none was found (all read before the store is opened, so a failed import
+      leaves no store or run folder behind).
   """
   if not config.import_from:
     raise DistillError("set --config.import_from=FOLDER (mini-swe-agent trajectory folders)")
-  with data.TrajectoryStore(store_path(config)) as store:
-    trajectories = data.import_miniswe(config.import_from, store,
+  if not os.path.exists(config.import_from):
+    raise DistillError(f"import_from: {config.import_from!r} does not exist; expected a "
+                       "mini-swe-agent *.traj.json file, run folder or folder of run folders")
+  try:
+    trajectories = data.import_miniswe(config.import_from,
                                        experiment=config.import_experiment or None)
+  except data.TrajectoryFormatError as e:
+    raise DistillError(f"import_from: {e}") from e
+  with data.TrajectoryStore(store_path(config)) as store:
+    for trajectory in trajectories:
+      store.append_trajectory(trajectory)
   tasks = len({t.task_id for t in trajectories})
   print(f"imported {len(trajectories)} trajectories of {tasks} tasks from {config.import_from} "
         f"into {store_path(config)}")
