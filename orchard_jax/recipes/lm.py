@@ -80,8 +80,17 @@ def sft(config: ConfigDict) -> dict[str, Any]:
 
   Returns:
     {"heldout_loss", "unigram_loss", "train_loss", "steps", "workdir", ...}.
+  Raises:
+    recipes.ConfigError: train.total_steps below 1 or optimizer settings OptimizerConfig
+      refuses (before any work).
   """
-  dc = config.data
+  dc, tc = config.data, config.train
+  if int(tc.total_steps) < 1:       # checked before the corpus is read and tokenised
+    raise recipes.ConfigError(f"train.total_steps is {tc.total_steps}; expected at least 1")
+  try:
+    optimizer = train.OptimizerConfig(total_steps=tc.total_steps, **dict(config.optimizer))
+  except train.TrainError as e:
+    raise recipes.ConfigError(f"optimizer: {e}") from e
   tokenizer = recipes.load_tokenizer(dc.tokenizer, field="data.tokenizer")
   texts, fingerprint = data.stdlib_corpus(max_chars_per_file=dc.max_chars_per_file)
   train_texts, heldout_texts = split_heldout(texts, dc.heldout_fraction)
@@ -106,8 +115,6 @@ def sft(config: ConfigDict) -> dict[str, Any]:
   model_config = _model_config(config, tokenizer.vocab_size)
   model = parallel.create_sharded(
       lambda: models.CausalLM(model_config, rngs=nnx.Rngs(config.train.seed)), mesh)
-  tc = config.train
-  optimizer = train.OptimizerConfig(total_steps=tc.total_steps, **dict(config.optimizer))
   trainer_config = train.TrainerConfig(
       workdir=config.workdir, total_steps=tc.total_steps, optimizer=optimizer,
       microbatches=tc.microbatches,

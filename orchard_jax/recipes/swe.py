@@ -42,7 +42,16 @@ _log = logging.getLogger(__name__)
 
 
 def build_settings(tasks: ConfigDict) -> builder.BuildSettings:
-  """BuildSettings from a `common.swe_tasks()` ConfigDict."""
+  """BuildSettings from a `common.swe_tasks()` ConfigDict.
+
+  Raises:
+    ConfigError: tasks.packages names a package without a build profile (checked for every
+      name before any is built; the builder found it only after building the ones before it).
+  """
+  unknown = [name for name in tasks.packages if name not in builder.PROFILES]
+  if unknown:
+    raise ConfigError(f"tasks.packages: unknown package(s) {unknown}; expected names from "
+                      f"{sorted(builder.PROFILES)}")
   return builder.BuildSettings(
       packages=tuple(tasks.packages), instances_per_package=int(tasks.instances_per_package),
       max_candidates_per_package=int(tasks.max_candidates_per_package),

@@ -25,3 +25,16 @@ def test_negative_limit_is_refused(tmp_path):
   # -1 reads as "no limit" to many users; instances[:-1] would silently drop the last one.
   with pytest.raises(ValueError, match="tasks.limit is -1; expected 0"):
     swe.load_task_set(_tasks(tmp_path, -1))
+
+
+def test_an_unknown_package_is_refused_before_any_is_built(tmp_path):
+  # Walkthrough: --config.tasks.packages=nosuchpkg was a BuildError traceback, raised only once
+  # the packages listed before it had been built (minutes each on a fresh cache).
+  from experiments import common
+  from orchard_jax.recipes import ConfigError
+  tasks = common.swe_tasks()
+  tasks.packages = ("toolz", "nosuchpkg")
+  tasks.output_dir = str(tmp_path / "tasksets")
+  with pytest.raises(ConfigError, match=r"tasks.packages: unknown package\(s\) \['nosuchpkg'\]"):
+    swe.load_task_set(tasks)
+  assert not (tmp_path / "tasksets").exists()

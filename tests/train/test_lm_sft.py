@@ -58,3 +58,18 @@ def test_documents_are_cut_into_sequences():
   sequences = lm.document_sequences([[5, 6, 7, 8, 9]], seq_len=3, end_id=0)
   assert [s.input_ids.tolist() for s in sequences] == [[5, 6, 7], [8, 9, 0]]
   assert sequences[0].loss_weights.tolist() == [0, 1, 1]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.train.total_steps=0", "error: train.total_steps is 0; expected at least 1"),
+    ("--config.optimizer.warmup_steps=-1", "error: optimizer: need warmup_steps >= 0"),
+])
+def test_impossible_step_counts_are_one_line_before_any_work(tmp_path, override, message):
+  # Walkthrough: a TrainError traceback (exit 1) after the corpus was read and tokenised.
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch", "run.py"), "--config",
+       os.path.join(ROOT, "experiments", "lm_sft.py"), f"--config.workdir={tmp_path / 'run'}",
+       override], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert message in result.stderr and "Traceback" not in result.stderr
+  assert not (tmp_path / "run").exists()
