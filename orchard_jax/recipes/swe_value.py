@@ -27,7 +27,7 @@ from flax import nnx
 
 from orchard_jax import data, models, parallel, rl, train
 from orchard_jax.models.value import ValueModel  # not re-exported by orchard_jax.models yet
-from orchard_jax.recipes import swe_policy, swe_sft
+from orchard_jax.recipes import ConfigError, swe_policy, swe_sft
 
 _log = logging.getLogger(__name__)
 
@@ -45,12 +45,12 @@ def stores_of(config) -> list[str]:
   """The stores config.value.stores names (default: every runs/*/store).
 
   Raises:
-    FileNotFoundError: a named store does not exist (opening it would create an empty one).
+    ConfigError: a named store does not exist (opening it would create an empty one).
   """
   stores = [s for s in tuple(config.value.stores) if s]
   missing = [s for s in stores if not os.path.isdir(s)]
   if missing:
-    raise FileNotFoundError(f"value.stores names {missing}, which do not exist (expected "
+    raise ConfigError(f"value.stores names {missing}, which do not exist (expected "
                             "trajectory store folders such as runs/swe_rpr_tiny/store; relative "
                             f"to {os.getcwd()})")
   if not stores:
@@ -210,7 +210,8 @@ def train_value(config, run_dir: str, mesh, tokenizer) -> dict[str, Any]:
     {"data": stats, "train": last metrics, "heldout": reranking report, "train_fit": the same on
     the training trajectories}; also written to run_dir/value/report.json.
   Raises:
-    train.TrainError: no trajectory to train on.
+    ConfigError: a named store does not exist, or the stores hold no labelled trajectory to
+      train on (launch/run.py prints either as one line).
   """
   v = config.value
   items, stats = labelled_sequences(stores_of(config), tokenizer, seq_len=int(v.seq_len),
@@ -219,8 +220,8 @@ def train_value(config, run_dir: str, mesh, tokenizer) -> dict[str, Any]:
   stats.update({"train": len(train_items), "heldout": len(heldout)})
   print("value data: " + ", ".join(f"{k}={val}" for k, val in stats.items()), flush=True)
   if not train_items:
-    raise train.TrainError(f"no labelled trajectory to train the value model on in "
-                           f"{stores_of(config)}; run an RL or eval experiment first")
+    raise ConfigError(f"no labelled trajectory to train the value model on in "
+                      f"{stores_of(config)}; run an RL or eval experiment first")
   dp = train.data_parallel_size(mesh)
   packed = pack_labelled(train_items, batch_size=int(v.batch_size), seq_len=int(v.seq_len),
                          data_parallel_size=dp, seed=int(config.seed))
