@@ -49,7 +49,13 @@ def _check_args(parser, args) -> None:
   if unknown:
     parser.error(f"--config-json: unknown ServiceConfig field(s) {unknown}; expected some of "
                  f"{sorted(fields)}")
-  _json_object(parser, "--kubernetes-config-json", args.kubernetes_config_json)
+  from orchard_jax.env.backends.k8s_manifests import KubernetesConfig   # no kubernetes import
+  k8s_fields = {f.name for f in dataclasses.fields(KubernetesConfig)}
+  unknown = sorted(set(_json_object(parser, "--kubernetes-config-json",
+                                    args.kubernetes_config_json)) - k8s_fields)
+  if unknown:
+    parser.error(f"--kubernetes-config-json: unknown KubernetesConfig field(s) {unknown}; "
+                 f"expected some of {sorted(k8s_fields)}")
 
 
 def _parser():

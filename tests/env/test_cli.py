@@ -14,6 +14,9 @@ from orchard_jax.env import __main__ as cli
     (["--config-json", '{"default_timeot": 5}'], "unknown ServiceConfig field(s) "
                                                   "['default_timeot']"),
     (["--kubernetes-config-json", "{x"], "--kubernetes-config-json: not valid JSON"),
+    # Walkthrough: a misspelt field was a TypeError traceback from KubernetesConfig(**...).
+    (["--backend", "kubernetes", "--kubernetes-config-json", '{"creation_qsp": 5}'],
+     "unknown KubernetesConfig field(s) ['creation_qsp']"),
 ])
 def test_bad_serve_arguments_are_usage_errors(argv, expected, capsys):
   with pytest.raises(SystemExit) as exit_info:
