@@ -129,8 +129,12 @@ def main(argv=None):
                              ws_ping_interval=None)
   server = uvicorn.Server(uv_config)
   print(f"Orchard Env ({args.backend}) on http://{args.host}:{args.port}", flush=True)
-  server.run()
-  if service._startup_error is not None:
+  try:
+    server.run()
+  except SystemExit:                 # uvicorn exits (status 3) when the lifespan's start failed
+    if service._startup_error is None:
+      raise
+  if service._startup_error is not None:   # the cause last, after uvicorn's log of it
     sys.exit(f"Orchard Env did not start: {service._startup_error}")
 
 

@@ -30,3 +30,20 @@ def test_good_arguments_pass_the_checks():
   args = parser.parse_args(["serve", "--port", "0", "--config-json", '{"default_timeout": 60}'])
   cli._check_args(parser, args)          # returns without a usage error
   assert args.port == 0
+
+
+def test_a_backend_that_cannot_start_ends_with_one_line_naming_the_cause(tmp_path, capsys):
+  """uvicorn exits with status 3 when the lifespan fails, so the closing 'did not start' line
+  never came; the last line was uvicorn's 'Application startup failed. Exiting.' (walkthrough:
+  serve --backend kubernetes without a kubeconfig)."""
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["serve", "--backend", "kubernetes", "--kubeconfig", str(tmp_path / "nope"),
+              "--port", "0", "--api-keys-file", _keys(tmp_path)])
+  assert str(exit_info.value.code).startswith(
+      "Orchard Env did not start: cannot load the Kubernetes configuration")
+
+
+def _keys(tmp_path):
+  path = tmp_path / "keys.txt"
+  path.write_text("secret\n")
+  return str(path)
