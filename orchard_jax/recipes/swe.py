@@ -702,19 +702,16 @@ def _check_sft_config(c: ConfigDict) -> None:
 
 
 def _check_sft_inputs(c: ConfigDict) -> None:
-  """The folders SFT reads (policy.init, a non-expert sft.source) exist, checked before the
-  task set, the replay expert and tasks.json (a typo otherwise fails after them, as a
-  traceback, leaving a run folder behind).
+  """A non-expert sft.source exists, checked before the task set, the replay expert and
+  tasks.json (a typo otherwise fails after them, as a traceback, leaving a run folder behind).
+  policy.init is checked by _Run, which every job builds before any work.
 
   Raises:
-    ConfigError: sft.source or policy.init names nothing usable (the message names the field).
+    ConfigError: sft.source names nothing (the message names the field).
   """
-  from orchard_jax.recipes import swe_policy
   if c.sft.source != "expert" and not os.path.exists(c.sft.source):
     raise ConfigError(f"sft.source: {c.sft.source!r} does not exist; expected 'expert', a "
                       "trajectory store folder or a mini-swe-agent trajectory folder")
-  if c.policy.init:
-    swe_policy.check_checkpoint(c.policy.init, field="policy.init")
 
 
 def _check_rl_config(c: ConfigDict) -> None:
@@ -730,9 +727,7 @@ def _check_rl_config(c: ConfigDict) -> None:
   from orchard_jax.recipes import swe_judge, swe_policy
   from orchard_jax.train import OPD_MODES
   _check_sft_config(c)
-  if c.policy.init:
-    swe_policy.check_checkpoint(c.policy.init, field="policy.init")
-  elif c.sft.enabled:
+  if not c.policy.init and c.sft.enabled:     # (policy.init itself: _Run)
     _check_sft_inputs(c)
   if int(c.rl.iterations) < 0:
     raise ConfigError(f"rl.iterations is {c.rl.iterations}; expected 0 (SFT and the final "
