@@ -5,6 +5,17 @@ class RolloutError(Exception):
   """Base class of every error raised by orchard_jax.rollout."""
 
 
+def validation_message(errors, prefix: str = "") -> str:
+  """pydantic / FastAPI validation errors (`ValidationError.errors()`) as one line for a 400:
+  `where: what` per error, joined by "; ". A FastAPI "body" location part is dropped; `prefix`
+  names the object validated when the location does not (e.g. "sampling_params.")."""
+  parts = []
+  for err in errors:
+    where = (prefix + ".".join(str(x) for x in err.get("loc", ()) if x != "body")).rstrip(".")
+    parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+  return "; ".join(parts) or "invalid request"
+
+
 class RequestError(RolloutError):
   """A generation, scoring or chat request is malformed or asks for something unsupported.
 

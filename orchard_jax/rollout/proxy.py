@@ -54,7 +54,8 @@ from starlette.requests import ClientDisconnect, Request
 
 from orchard_jax.data import ChatTemplateError, ModelCall, chat_messages
 from orchard_jax.rollout.background import BackgroundServer
-from orchard_jax.rollout.errors import RequestError, RolloutError, SessionError, UpstreamError
+from orchard_jax.rollout.errors import (
+  RequestError, RolloutError, SessionError, UpstreamError, validation_message)
 from orchard_jax.rollout.openai_chat import (
   assistant_message, chat_completion, check_text_chat, sampling_params_of, stream_chat_chunks,
   token_logprobs)
@@ -382,9 +383,7 @@ class RecordingProxy:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: fastapi.Request, exc: RequestValidationError):
-      msgs = [f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body')}: {e.get('msg')}"
-              for e in exc.errors()]
-      return error_response("; ".join(msgs) or "invalid request", 400)
+      return error_response(validation_message(exc.errors()), 400)
 
     @app.exception_handler(RolloutError)
     async def _rollout(request: fastapi.Request, exc: RolloutError):
@@ -619,9 +618,7 @@ def _parse_chat_request(body: bytes) -> ChatCompletionRequest:
   try:
     return ChatCompletionRequest.model_validate_json(body)
   except pydantic.ValidationError as e:
-    msgs = [f"{'.'.join(str(x) for x in err.get('loc', ()))}: {err.get('msg')}".lstrip(": ")
-            for err in e.errors()]
-    raise RequestError("; ".join(msgs) or "invalid request") from None
+    raise RequestError(validation_message(e.errors())) from None
 
 
 def _version(value: Optional[str]) -> Optional[int]:

@@ -36,7 +36,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from orchard_jax.rollout.background import BackgroundServer
 from orchard_jax.rollout.engine import Engine
-from orchard_jax.rollout.errors import RequestError, RolloutError
+from orchard_jax.rollout.errors import RequestError, RolloutError, validation_message
 from orchard_jax.rollout.openai_chat import (
   assistant_message, chat_completion, check_text_chat, sampling_params_of, stream_chat_chunks,
   token_logprobs)
@@ -54,12 +54,7 @@ def _validation_message(error: pydantic.ValidationError) -> str:
   """`field.path: what is wrong` per error, as the OpenAI routes report them (pydantic's own
   text carries input echoes and a documentation URL on several lines)."""
   prefix = "sampling_params." if error.title == "SamplingParams" else ""
-  parts = []
-  for err in error.errors():
-    where = ".".join(str(x) for x in err.get("loc", ()))
-    parts.append(f"{prefix}{where}: {err.get('msg')}" if where else
-                 f"{prefix.rstrip('.') + ': ' if prefix else ''}{err.get('msg')}")
-  return "; ".join(parts) or str(error)
+  return validation_message(error.errors(), prefix)
 
 
 def error_response(message: str, status: int, kind: str = "BadRequestError") -> JSONResponse:
@@ -82,11 +77,7 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
 
   @app.exception_handler(RequestValidationError)
   async def _invalid(request: fastapi.Request, exc: RequestValidationError):
-    parts = []
-    for err in exc.errors():
-      where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-      parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
-    return error_response("; ".join(parts) or "invalid request", 400)
+    return error_response(validation_message(exc.errors()), 400)
 
   @app.exception_handler(RequestError)
   async def _bad(request: fastapi.Request, exc: RequestError):
