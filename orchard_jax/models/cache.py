@@ -22,11 +22,14 @@ from flax import struct
 class AttentionCache:
   """Keys and values of one full-attention layer, RoPE already applied.
 
-  The layout puts the positions next to head_dim, so attention over the cache is a batched
-  matmul over (batch, kv head) without moving the cache (models.decode).
+  Both layouts make attention over the cache a batched matmul over (batch, kv head) whose
+  cache operand is already in the matmul's [contracted, output] order, so no kernel transposes
+  or repacks the cache (models.decode): the scores q . k contract head_dim, so keys are stored
+  head_dim-major; the weighted sum p . v contracts positions, so values are stored
+  position-major.
 
   Attributes:
-    k: [batch, num_key_value_heads, max_len, head_dim].
+    k: [batch, num_key_value_heads, head_dim, max_len].
     v: [batch, num_key_value_heads, max_len, head_dim].
   """
   k: jax.Array
@@ -69,7 +72,7 @@ class DecodeCache:
     """Capacity of the attention caches in tokens (0 for a model without attention)."""
     for layer in self.layers:
       if isinstance(layer, AttentionCache):
-        return layer.k.shape[2]
+        return layer.v.shape[2]
     return 0
 
   def reset_rows(self, rows: jax.Array) -> "DecodeCache":

@@ -147,8 +147,9 @@ class Decoder(nnx.Module):
             recurrent=jnp.zeros((batch, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                                  cfg.linear_value_head_dim), jnp.float32)))
       else:
-        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        layers.append(AttentionCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt)))
+        kvh, hd = cfg.num_key_value_heads, cfg.head_dim
+        layers.append(AttentionCache(k=jnp.zeros((batch, kvh, hd, max_len), dt),
+                                     v=jnp.zeros((batch, kvh, max_len, hd), dt)))
     return DecodeCache(lengths=jnp.zeros((batch,), jnp.int32), layers=tuple(layers))
 
 

@@ -1,6 +1,6 @@
 """Decode-time kernels (models.decode) against NumPy re-implementations: the cache write in the
-[batch, kv_heads, max_len, head_dim] layout (padding dropped), grouped-query attention over the
-cache, and the "decode" MoE dispatch in both of its regimes (gathered experts when tokens * k <
+keys [batch, kv_heads, head_dim, max_len] / values [batch, kv_heads, max_len, head_dim] layouts
+(padding dropped), grouped-query attention over the cache, and the "decode" MoE dispatch in both of its regimes (gathered experts when tokens * k <
 experts, experts over per-expert buffers otherwise, every run-time capacity), including padding
 tokens; and the MoE block with moe_dispatch="decode" against the dense reference path."""
 import dataclasses
@@ -72,7 +72,7 @@ def test_decode_dispatch_capacity_holds_the_fullest_expert(fullest):
 def test_write_cache_and_cached_attention_match_numpy():
   rng = np.random.default_rng(0)
   b, t, h, kvh, d, max_len = 3, 2, 4, 2, 8, 6
-  old_k = rng.normal(size=(b, kvh, max_len, d)).astype(np.float32)
+  old_k = rng.normal(size=(b, kvh, d, max_len)).astype(np.float32)
   old_v = rng.normal(size=(b, kvh, max_len, d)).astype(np.float32)
   k = rng.normal(size=(b, t, kvh, d)).astype(np.float32)
   v = rng.normal(size=(b, t, kvh, d)).astype(np.float32)
@@ -85,7 +85,7 @@ def test_write_cache_and_cached_attention_match_numpy():
   for r in range(b):
     for c in range(t):
       if slots[r, c] < max_len:
-        want_k[r, :, slots[r, c]] = k[r, c]
+        want_k[r, :, :, slots[r, c]] = k[r, c]
         want_v[r, :, slots[r, c]] = v[r, c]
   np.testing.assert_array_equal(np.asarray(cache.k), want_k)
   np.testing.assert_array_equal(np.asarray(cache.v), want_v)
@@ -98,7 +98,7 @@ def test_write_cache_and_cached_attention_match_numpy():
     for c in range(t):
       for head in range(h):
         g = head // (h // kvh)
-        s = want_k[r, g] @ q[r, c, head] / np.sqrt(d)
+        s = q[r, c, head] @ want_k[r, g] / np.sqrt(d)
         s = np.where(mask[r, c], s, -np.inf) if mask[r, c].any() else np.zeros_like(s)
         p = np.exp(s - s.max())
         want[r, c, head] = (p / p.sum()) @ want_v[r, g]
