@@ -15,6 +15,11 @@ length), so serving compiles once per bucket, never per request. `compile_count`
 Rows are independent sequences in one `DecodeCache` (models/cache.py): a call leaves a row
 untouched where its segment_ids are 0, so prefill of new rows and decode of running rows use the
 same cache (continuous batching).
+
+Several schedulers (the engine's data parallelism) call one runner from their own threads, each
+with its own cache. JAX traces and compiles a jitted function once even when two threads first
+call it with the same shapes at the same moment (the second waits for the first), so
+`compile_count` stays exact; execution is asynchronous, so the programs run side by side.
 """
 from __future__ import annotations
 
@@ -126,9 +131,11 @@ class ModelRunner:
   def relayout(self, cache: Any, rows: np.ndarray, batch: int, max_len: int) -> Any:
     """A cache of shape (batch, max_len) whose row i is old row rows[i] (rows[i] < 0: empty).
 
-    Every leaf has the batch on axis 0; attention leaves hold positions on axis 2 ([batch,
-    kv_heads, max_len, head_dim]). Positions beyond a row's length are never read, so cutting
-    or zero-padding that axis is safe as long as max_len covers every kept row's length.
+    Every leaf has the batch on axis 0; attention leaves hold positions on their max_len axis
+    (keys [batch, kv_heads, head_dim, max_len], values [batch, kv_heads, max_len, head_dim];
+    models.AttentionCache), the only axis whose size differs between the old and new cache.
+    Positions beyond a row's length are never read, so cutting or zero-padding that axis is
+    safe as long as max_len covers every kept row's length.
     """
     fresh = self.init_cache(batch, max_len)
     take = jnp.asarray(np.where(rows >= 0, rows, 0), dtype=jnp.int32)

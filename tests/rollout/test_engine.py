@@ -149,6 +149,38 @@ def test_buckets_mean_no_recompilation(engine):
   assert engine.model_info()["compile_count"] == before
 
 
+def test_cache_grows_during_a_request_with_unchanged_results(small_model, tokenizer):
+  """A request starts in the smallest cache bucket holding its prompt plus one decode call and
+  moves to larger buckets as it generates; its tokens and log-probs equal an engine whose one
+  bucket fits it from the start, and its log-probs the trainer's forward pass."""
+  import dataclasses
+
+  from orchard_jax.rollout import Engine, EngineConfig
+
+  growing = EngineConfig(max_batch_size=2, batch_buckets=(2,), max_seq_len=256,
+                         cache_len_buckets=(64, 128, 256), prefill_chunk_buckets=(32,),
+                         decode_steps=4, seed=0, prefix_cache=False)
+  fixed = dataclasses.replace(growing, cache_len_buckets=(256,))
+  rng = np.random.default_rng(4)
+  requests = [_request(rng.integers(10, 8000, 40).tolist(), max_new_tokens=150, temperature=0.0,
+                       ignore_eos=True),
+              _request(rng.integers(10, 8000, 10).tolist(), max_new_tokens=30, temperature=1.0,
+                       sampling_seed=1, ignore_eos=True)]
+  with Engine(small_model, tokenizer, config=fixed) as engine:
+    want = engine.generate(requests)
+    fixed_programs = engine.compile_count
+  with Engine(small_model, tokenizer, config=growing) as engine:
+    got = engine.generate(requests)
+    # Decode and re-layout programs for the 64 and 128 buckets on top of the 256 ones.
+    assert engine.compile_count > fixed_programs
+  for a, b in zip(got, want):
+    assert a.output_ids == b.output_ids
+    np.testing.assert_allclose(a.output_logprobs, b.output_logprobs, atol=2e-5, rtol=0)
+  ids = requests[0].input_ids + got[0].output_ids
+  reference, _ = _reference_logprobs(small_model, ids)
+  np.testing.assert_allclose(got[0].output_logprobs, reference[-150:], atol=1e-4, rtol=0)
+
+
 def test_bad_requests_are_refused(engine):
   with pytest.raises(RequestError, match="max_seq_len"):
     engine.submit(_request([1] * 1024))

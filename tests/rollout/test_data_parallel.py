@@ -1,0 +1,144 @@
+"""The engine's data parallelism (EngineConfig.data_parallel): schedulers sharing one runner.
+
+References: an engine with one scheduler serving the same weights (test_engine.py checks that
+one against the trainer's forward pass), and a fresh engine built from the new weights after a
+weight update. Also checked: the per-scheduler sizes, that concurrent schedulers never compile
+one program twice, that requests spread over the schedulers, and that an agent session's turns
+are routed to the scheduler whose prefix cache holds them.
+"""
+import concurrent.futures
+import dataclasses
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from orchard_jax.models import CausalLM
+from orchard_jax.rollout import Engine, EngineConfig, RequestError, SamplingParams
+from orchard_jax.rollout import SingleGenerateRequest
+
+BASE = EngineConfig(max_batch_size=4, batch_buckets=(2, 4), max_seq_len=256,
+                    cache_len_buckets=(256,), prefill_chunk_buckets=(32,), decode_steps=4,
+                    seed=0)
+DP2 = dataclasses.replace(BASE, data_parallel=2)
+
+
+def _request(ids, seed, greedy=True, max_new=12):
+  return SingleGenerateRequest(
+    input_ids=[int(i) for i in ids], return_logprob=True,
+    sampling_params=SamplingParams(max_new_tokens=max_new, temperature=0.0 if greedy else 1.0,
+                                   sampling_seed=seed, ignore_eos=True))
+
+
+def _prompts(n, seed=0, length=20):
+  rng = np.random.default_rng(seed)
+  return [rng.integers(10, 8000, length + 3 * i) for i in range(n)]
+
+
+def test_scheduler_config_divides_rows_and_buckets():
+  config = EngineConfig(max_batch_size=8, batch_buckets=(1, 2, 4, 8), data_parallel=2)
+  each = config.scheduler_config()
+  assert (each.max_batch_size, each.batch_buckets, each.data_parallel) == (4, (1, 2, 4), 1)
+  each = EngineConfig(max_batch_size=8, batch_buckets=(1, 8), data_parallel=4).scheduler_config()
+  assert (each.max_batch_size, each.batch_buckets) == (2, (1, 2))
+  assert EngineConfig(max_batch_size=8).scheduler_config().max_batch_size == 8
+  for bad in (0, 3):
+    with pytest.raises(RequestError, match="data_parallel must be >= 1 and divide"):
+      EngineConfig(max_batch_size=8, data_parallel=bad)
+
+
+def test_two_schedulers_give_the_one_scheduler_results(small_model, tokenizer):
+  requests = [_request(p, seed=i, greedy=i % 2 == 0) for i, p in enumerate(_prompts(8))]
+  with Engine(small_model, tokenizer, config=BASE) as one:
+    want = one.generate(requests)
+  with Engine(small_model, tokenizer, config=DP2) as two:
+    got = two.generate(requests)
+    served = [s.num_requests_served for s in two.schedulers]
+    compiles = two.compile_count
+    assert two.generate(requests)[0].output_ids == got[0].output_ids
+    assert two.compile_count == compiles            # same shapes: nothing recompiled
+    assert two.model_info()["data_parallel"] == 2
+  assert all(n > 0 for n in served) and sum(served) == len(requests)
+  for a, b in zip(got, want):
+    assert a.output_ids == b.output_ids
+    np.testing.assert_allclose(a.output_logprobs, b.output_logprobs, atol=2e-5, rtol=0)
+
+
+def test_concurrent_schedulers_compile_each_program_once(small_model, tokenizer):
+  # Two requests per scheduler, all of one shape: both schedulers need the same programs at
+  # the same moment. A single scheduler serving two of them needs exactly those programs.
+  requests = [_request(p, seed=i) for i, p in enumerate(_prompts(4, seed=1, length=24))]
+  for r in requests:
+    r.input_ids = r.input_ids[:24]
+  with Engine(small_model, tokenizer, config=DP2.scheduler_config()) as single:
+    single.generate(requests[:2])
+    want = single.compile_count
+  with Engine(small_model, tokenizer, config=DP2) as two:
+    futures = [two.submit(r) for r in requests]
+    [f.result() for f in futures]
+    assert [s.num_requests_served for s in two.schedulers] == [2, 2]
+    assert two.compile_count == want
+
+
+def test_session_turns_follow_their_prefix_cache(small_model, tokenizer):
+  rng = np.random.default_rng(5)
+  sessions = [list(p) for p in _prompts(2, seed=2)]
+  with Engine(small_model, tokenizer, config=DP2) as engine:
+    for turn in range(3):
+      futures = [engine.submit(_request(s, seed=turn)) for s in sessions]
+      outs = [f.result() for f in futures]
+      for i, out in enumerate(outs):
+        if turn == 0:
+          assert out.meta_info.cached_tokens == 0
+        else:
+          # Everything the session's row holds is reused: its last prompt and output but the
+          # last output token (never fed), which is where this prompt diverges from nothing.
+          assert out.meta_info.cached_tokens == len(sessions[i]) - 1 - 5
+        sessions[i] = sessions[i] + out.output_ids + [int(t) for t in rng.integers(10, 8000, 5)]
+      if turn == 0:
+        # Two sessions on an idle engine: one per scheduler (least load).
+        assert [s.num_requests_served for s in engine.schedulers] == [1, 1]
+    stats = engine.prefix_cache_stats
+    assert stats["hits"] == 4 and stats["resident_rows"] == 2
+    assert engine.flush_cache() == 2
+    assert engine.prefix_cache_stats["resident_rows"] == 0
+
+
+def test_weight_update_reaches_every_scheduler(small_model, small_config, tokenizer):
+  requests = [_request(p, seed=i) for i, p in enumerate(_prompts(4, seed=3))]
+  new_model = CausalLM(small_config, rngs=nnx.Rngs(7))
+  with Engine(new_model, tokenizer, config=BASE) as reference:
+    want = reference.generate(requests)
+  with Engine(small_model, tokenizer, config=DP2, weight_version="1") as engine:
+    before = engine.generate(requests)
+    assert engine.prefix_cache_stats["resident_rows"] == 4
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    # Requests in flight while the weights change: they finish (with either weights).
+    running = [engine.submit(r) for r in requests]
+    pool.submit(engine.update_params, nnx.state(new_model, nnx.Param)).result()
+    [f.result() for f in running]
+    assert engine.weight_version == "2"
+    engine.flush_cache()
+    after = engine.generate(requests)
+  assert [o.output_ids for o in before] != [o.output_ids for o in want]
+  for a, b in zip(after, want):
+    assert a.output_ids == b.output_ids and a.meta_info.weight_version == "2"
+    np.testing.assert_allclose(a.output_logprobs, b.output_logprobs, atol=2e-5, rtol=0)
+
+
+def test_new_sessions_sharing_a_cached_system_prompt_still_spread(small_model, tokenizer):
+  """Four new sessions whose prompts are mostly a system prompt one scheduler holds: cache
+  affinity may put a first one there, but the load balance sends the rest to the other."""
+  rng = np.random.default_rng(6)
+  system = [int(t) for t in rng.integers(10, 8000, 60)]
+  with Engine(small_model, tokenizer, config=DP2) as engine:
+    engine.generate([_request(system + [11, 12], seed=0)])
+    holder = [s.num_requests_served for s in engine.schedulers].index(1)
+    prompts = [system + [int(t) for t in rng.integers(10, 8000, 4)] for _ in range(4)]
+    futures = [engine.submit(_request(p, seed=i, max_new=24)) for i, p in enumerate(prompts)]
+    outs = [f.result() for f in futures]
+    served = [s.num_requests_served for s in engine.schedulers]
+  assert served[holder] - 1 >= 1 and served[1 - holder] >= 1, served
+  assert sum(served) == 5
+  # The ones routed to the holder reused the system prompt.
+  assert max(o.meta_info.cached_tokens for o in outs) == 60
