@@ -107,6 +107,9 @@ def swe_base(preset="tiny"):
       urls="",                       # SGLang native URLs (comma-separated); "" = embedded engine
       max_batch_size=8, max_seq_len=65536 if big else 4096, decode_steps=16,
       prefix_cache=True,             # embedded engine: reuse the previous turn's cached prefix
+      data_parallel=1 if big else 2, # embedded engine: schedulers (rollout.EngineConfig); 2 runs
+                                     # two decode batches side by side on a 2+ core CPU (main
+                                     # job's recorded sessions replayed: 46-55 s vs 64-71 s)
       weights_dir="",                # where remote engines load new weights from (shared disk)
       served_model_name="policy"))
   # Tiny: temperature 0.8, top_p 1.0. The tiny policy memorises its two SFT trajectories and

@@ -395,6 +395,8 @@ class _Run:
     self.config = config
     if config.policy.init:                   # a typo fails now, not after the task set
       swe_policy.check_checkpoint(config.policy.init, field="policy.init")
+    if not str(config.engine.urls).strip():  # the embedded engine's sizes, likewise
+      swe_policy.engine_config(config.engine)
     self.dir = run_dir(config)
     self._created_dir = run_folder.create_run_folder(self.dir)
     try:

@@ -208,12 +208,10 @@ class PolicyService:
         self._client.wait_until_ready()
         upstream = rollout.SGLangUpstream(self._urls())
       else:
-        engine = rollout.Engine(self.model, self.tokenizer, config=rollout.EngineConfig(
-            max_batch_size=int(ec.max_batch_size),
-            batch_buckets=_batch_buckets(int(ec.max_batch_size)),
-            max_seq_len=int(ec.max_seq_len), decode_steps=int(ec.decode_steps),
-            prefix_cache=bool(ec.get("prefix_cache", True)), seed=self.engine_seed),
-            model_path=self.config.policy.init or "orchard_jax", weight_version="0")
+        engine = rollout.Engine(self.model, self.tokenizer,
+                                config=engine_config(ec, seed=self.engine_seed),
+                                model_path=self.config.policy.init or "orchard_jax",
+                                weight_version="0")
         server = rollout.InferenceServer(engine, served_model_name=ec.served_model_name,
                                          tool_call_parser=self.config.policy.tool_call_parser)
         server.__enter__()
@@ -274,6 +272,29 @@ class PolicyService:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices(f"orchard_sync_weights_{version}")
     self.version = version
+
+
+def engine_config(engine: Any, seed: int = 0) -> Any:
+  """The embedded engine's `rollout.EngineConfig` from a config's `engine` block.
+
+  Args:
+    engine: the block (max_batch_size, max_seq_len, decode_steps, prefix_cache,
+      data_parallel); batch buckets are the powers of two below max_batch_size, and it.
+    seed: the engine's seed for requests without one.
+  Raises:
+    ConfigError: sizes the engine refuses, e.g. a data_parallel that does not divide
+      max_batch_size.
+  """
+  from orchard_jax import rollout
+  try:
+    return rollout.EngineConfig(
+        max_batch_size=int(engine.max_batch_size),
+        batch_buckets=_batch_buckets(int(engine.max_batch_size)),
+        max_seq_len=int(engine.max_seq_len), decode_steps=int(engine.decode_steps),
+        prefix_cache=bool(engine.get("prefix_cache", True)), seed=seed,
+        data_parallel=int(engine.get("data_parallel", 1)))
+  except rollout.RequestError as e:
+    raise ConfigError(f"engine: {e}") from e
 
 
 def _batch_buckets(max_batch: int) -> tuple[int, ...]:

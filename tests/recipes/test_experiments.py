@@ -75,6 +75,8 @@ def _set(config, field, value):
     (swe_sft, {"sft.source": "runs/no_such_run/store"},
      "sft.source: 'runs/no_such_run/store' does not exist"),
     (swe_sft, {"policy.init": "runs/no_such_run"}, "policy.init: 'runs/no_such_run' does not"),
+    (swe_rpr, {"engine.data_parallel": 3},
+     "engine: data_parallel must be >= 1 and divide max_batch_size 8, got 3"),
 ])
 def test_a_missing_input_or_an_impossible_number_is_refused_before_any_work(
     tmp_path, monkeypatch, experiment, change, message):
