@@ -101,6 +101,7 @@ class Scheduler:
     self._control: "queue.Queue[tuple[Callable[[], Any], concurrent.futures.Future]]" = (
       queue.Queue())
     self._slots: list[Optional[RequestState]] = []
+    self._admitting: list[RequestState] = []          # taken from the queue, not yet in a row
     self._resident: list[Optional[_Resident]] = []    # parallel to _slots
     self._epoch = 0                                      # bumped by every weight update
     self._clock = 0                                      # LRU order of resident rows
@@ -204,7 +205,13 @@ class Scheduler:
           self._wake.clear()
       except Exception as e:  # noqa: BLE001 - a model fault fails the requests, not the thread
         _log.exception("engine step failed")
-        self._fail_running(EngineError(f"engine step failed: {type(e).__name__}: {e}"))
+        error = EngineError(f"engine step failed: {type(e).__name__}: {e}")
+        # Requests taken from the queue whose admission failed are in no row yet.
+        for seq in self._admitting:
+          if not seq.future.done():
+            seq.future.set_exception(error)
+        self._fail_running(error)
+        self._admitting = []
         self._cache = None
         self._slots = []
         self._resident = []
@@ -243,7 +250,9 @@ class Scheduler:
       seq.weight_version = self.weight_version
       seq.epoch = self._epoch
       new.append(seq)
+    self._admitting = new
     self._layout(running, new)
+    self._admitting = []
     return new
 
   def _layout(self, running: list[RequestState], new: list[RequestState]) -> None:

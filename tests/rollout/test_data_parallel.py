@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from orchard_jax.models import CausalLM
-from orchard_jax.rollout import Engine, EngineConfig, RequestError, SamplingParams
+from orchard_jax.rollout import Engine, EngineConfig, EngineError, RequestError, SamplingParams
 from orchard_jax.rollout import SingleGenerateRequest
 
 BASE = EngineConfig(max_batch_size=4, batch_buckets=(2, 4), max_seq_len=256,
@@ -142,3 +142,52 @@ def test_new_sessions_sharing_a_cached_system_prompt_still_spread(small_model, t
   assert sum(served) == 5
   # The ones routed to the holder reused the system prompt.
   assert max(o.meta_info.cached_tokens for o in outs) == 60
+
+
+class _FaultyRunner:
+  """The shared ModelRunner seen by one scheduler, with `method` raising while armed: a
+  stand-in for a device fault (out of memory, a lost accelerator) that cannot be caused on
+  purpose here. Every other call goes to the real runner."""
+
+  def __init__(self, runner, method):
+    self._runner, self._method, self.armed = runner, method, True
+
+  def __getattr__(self, name):
+    real = getattr(self._runner, name)
+    if name != self._method:
+      return real
+
+    def call(*args, **kwargs):
+      if self.armed:
+        raise MemoryError(f"injected fault in {name}")
+      return real(*args, **kwargs)
+
+    return call
+
+
+@pytest.mark.parametrize("method", ["init_cache", "prefill"])
+def test_a_failing_scheduler_fails_its_requests_and_the_other_keeps_serving(
+    small_model, tokenizer, method):
+  """A fault in one scheduler's step (while admitting: the cache allocation; or while
+  prefilling) fails that scheduler's requests with EngineError and never leaves one waiting;
+  the other scheduler serves its requests meanwhile, and the failed one serves again after."""
+  requests = [_request(p, seed=i, max_new=8) for i, p in enumerate(_prompts(4, seed=7))]
+  with Engine(small_model, tokenizer, config=BASE) as reference:
+    want = [o.output_ids for o in reference.generate(requests)]
+  with Engine(small_model, tokenizer, config=DP2) as engine:
+    faulty = _FaultyRunner(engine.runner, method)
+    engine.schedulers[0].runner = faulty
+    futures = [engine.submit(r) for r in requests]   # the first goes to scheduler 0 (idle tie)
+    failed = []
+    for i, future in enumerate(futures):
+      try:
+        assert future.result(timeout=30).output_ids == want[i]
+      except EngineError as e:
+        assert "injected fault" in str(e)
+        failed.append(i)
+    assert 0 in failed and len(failed) < len(requests)
+    assert engine.schedulers[1].num_requests_served == len(requests) - len(failed)
+    assert engine.is_running
+    faulty.armed = False
+    assert [o.output_ids for o in engine.generate(requests, timeout_s=60)] == want
+    assert all(s.num_requests_served > 0 for s in engine.schedulers)
