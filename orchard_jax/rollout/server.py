@@ -8,7 +8,7 @@ Native (SGLang wire format, protocol.py):
   GET  /get_server_info             engine configuration and load
   GET  /get_weight_version, /weight_version
   POST /update_weights_from_disk    {"model_path", "load_format", "weight_version"}
-  POST /flush_cache                 accepted (the engine keeps no prefix cache)
+  POST /flush_cache                 drops the prefix cache's resident rows (every scheduler)
 OpenAI-compatible:
   GET  /v1/models
   POST /v1/chat/completions         messages + tools rendered by the model's chat template,
@@ -123,7 +123,9 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
 
   @app.post("/flush_cache")
   async def flush_cache():
-    return fastapi.Response(content="Cache flushed.\n", status_code=200)
+    dropped = await asyncio.to_thread(engine.flush_cache)
+    return fastapi.Response(content=f"Cache flushed ({dropped} resident rows).\n",
+                            status_code=200)
 
   @app.api_route("/generate", methods=["POST", "PUT"])
   async def generate(body: dict[str, Any]):

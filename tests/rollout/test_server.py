@@ -166,3 +166,19 @@ def test_openai_chat_and_completions(server, tokenizer):
   assert chunks[-1].choices[0].finish_reason in ("length", "stop")
   with pytest.raises(openai.BadRequestError):
     client.chat.completions.create(model="tiny-policy", messages=messages, n=2)
+
+
+def test_flush_cache_drops_the_prefix_cache(server, engine):
+  """POST /flush_cache empties the engine's prefix cache (SGLang's /flush_cache), so the same
+  prompt sent again reuses nothing."""
+  body = {"input_ids": [31, 32, 33, 34, 35, 36], "sampling_params": {
+    "max_new_tokens": 3, "temperature": 0, "ignore_eos": True}}
+  assert httpx.post(server.url + "/generate", json=body, timeout=120).status_code == 200
+  again = httpx.post(server.url + "/generate", json=body, timeout=120).json()
+  assert again["meta_info"]["cached_tokens"] == 5      # all but the last prompt token
+  assert httpx.get(server.url + "/get_model_info").json()["prefix_cache"]["resident_rows"] >= 1
+  r = httpx.post(server.url + "/flush_cache", timeout=60)
+  assert r.status_code == 200
+  assert httpx.get(server.url + "/get_model_info").json()["prefix_cache"]["resident_rows"] == 0
+  after = httpx.post(server.url + "/generate", json=body, timeout=120).json()
+  assert after["meta_info"]["cached_tokens"] == 0
