@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import threading
 import time
 import uuid
@@ -167,6 +168,7 @@ class Engine:
                 name=f"orchard-engine-{i}", weight_version=weight_version)
       for i in range(config.data_parallel)]
     self._started = False
+    self._pause_lock = threading.Lock()
 
   # ----------------------------------------------------------------- lifecycle
 
@@ -321,13 +323,15 @@ class Engine:
         numeric).
     Raises:
       WeightUpdateError: the weights do not fit the served model.
+      EngineError: a scheduler did not pause within timeout_s (nothing was swapped).
     """
     if isinstance(params, nnx.Module):
       params = nnx.state(params, nnx.Param)
-    version = weight_version if weight_version is not None else _next_version(
-      self.weight_version)
 
     def apply():
+      # Inside the pause, so concurrent updates number their versions one after the other.
+      version = weight_version if weight_version is not None else _next_version(
+        self.weight_version)
       self.runner.swap_params(params)
       for s in self.schedulers:
         s.new_weights(version)   # drops resident rows; running rows are not kept at the end
@@ -350,25 +354,31 @@ class Engine:
 
   def _while_paused(self, fn: Callable[[], Any], timeout_s: Optional[float]) -> Any:
     """Run fn on the caller's thread while every running scheduler waits between two loop
-    iterations (each parks in a control function until fn returned)."""
-    running = [s for s in self.schedulers if s.is_running]
-    if not running:
-      return fn()
-    parked = threading.Barrier(len(running) + 1)
-    resume = threading.Event()
+    iterations (each parks in a control function until fn returned; a scheduler stopped
+    meanwhile parks in its stop()). One pause at a time: two callers posting their parks in
+    different orders to two schedulers would each hold one scheduler the other waits for.
 
-    def park():
-      parked.wait()
-      resume.wait()
-
-    futures = [s.post_control(park) for s in running]
-    try:
-      parked.wait(timeout=timeout_s)
-      return fn()
-    finally:
-      resume.set()
-      for f in futures:
-        f.result(timeout=timeout_s)
+    Raises:
+      EngineError: a scheduler did not pause within timeout_s (fn is not run).
+    """
+    with self._pause_lock:
+      resume = threading.Event()
+      waits = []
+      for s in self.schedulers:
+        arrived = threading.Event()
+        future = s.try_post_control(functools.partial(_park, arrived, resume))
+        if future is not None:
+          waits.append((arrived, future))
+      deadline = None if timeout_s is None else time.monotonic() + timeout_s
+      try:
+        for arrived, _ in waits:
+          left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+          if not arrived.wait(left):
+            raise EngineError(f"the engine's schedulers did not pause within {timeout_s} s")
+        return fn()
+      finally:
+        resume.set()
+        concurrent.futures.wait([f for _, f in waits], timeout=timeout_s)
 
   def model_info(self) -> dict[str, Any]:
     """SGLang's /get_model_info fields plus compile_count and num_requests_served."""
@@ -390,6 +400,12 @@ class Engine:
 
 _CACHE_SHARE = 0.5    # Engine._route: least share of a prompt a cached prefix must cover
 _BALANCE_SLACK = 1    # Engine._route: most extra requests queued for the sake of a cached prefix
+
+
+def _park(arrived: threading.Event, resume: threading.Event) -> None:
+  """Engine._while_paused's control function: report the scheduler paused, wait to resume."""
+  arrived.set()
+  resume.wait()
 
 
 def _has_recurrent_state(model_config: Any) -> bool:

@@ -112,35 +112,53 @@ class Scheduler:
     self._thread: Optional[threading.Thread] = None
     self._stopping = threading.Event()
     self._wake = threading.Event()
+    # Between start() and stop() the queues accept work; stop() closes them under this lock
+    # before it drains them, so nothing posted from another thread is left behind.
+    self._lock = threading.Lock()
+    self._accepting = False
 
   # ----------------------------------------------------------------- lifecycle
 
   def start(self) -> None:
     """Start the scheduling thread (idempotent)."""
-    if self._thread is None or not self._thread.is_alive():
-      self._stopping.clear()
-      self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-      self._thread.start()
+    with self._lock:
+      if self._thread is None or not self._thread.is_alive():
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+        self._thread.start()
+      self._accepting = True
 
   def stop(self) -> None:
-    """Stop the thread; queued and running requests fail with EngineError."""
+    """Stop the thread; queued and running requests fail with EngineError. Control functions
+    posted before the stop that the thread did not run (it leaves its loop between two
+    iterations) run here, so their callers get an answer."""
+    with self._lock:
+      self._accepting = False
     self._stopping.set()
     self._wake.set()
     if self._thread is not None:
       self._thread.join(timeout=60)
     self._thread = None
+    self._apply_control()
     self._fail_all(EngineError("the engine stopped before the request finished"))
 
   @property
   def is_running(self) -> bool:
-    return self._thread is not None and self._thread.is_alive()
+    """True from start() until stop() while the scheduling thread lives."""
+    return self._accepting and self._thread is not None and self._thread.is_alive()
 
   # ----------------------------------------------------------------- requests and state
 
   def enqueue(self, seq: RequestState) -> None:
-    """Queue a validated request; it is admitted at the next loop iteration with room."""
-    self._queue.put(seq)
-    self._wake.set()
+    """Queue a validated request; it is admitted at the next loop iteration with room. On a
+    stopped scheduler (a submit that raced stop()) its future fails with EngineError."""
+    with self._lock:
+      if self._accepting:
+        self._queue.put(seq)
+        self._wake.set()
+        return
+    if not seq.future.done():
+      seq.future.set_exception(EngineError("the engine stopped before the request finished"))
 
   @property
   def load(self) -> int:
@@ -176,17 +194,28 @@ class Scheduler:
     self.weight_version = weight_version
 
   def post_control(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
-    """Queue fn for the scheduling thread; the future holds its result."""
-    future: concurrent.futures.Future = concurrent.futures.Future()
-    if not self.is_running:
+    """Queue fn for the scheduling thread (on a stopped scheduler, run it now on the caller's
+    thread); the future holds its result."""
+    future = self.try_post_control(fn)
+    if future is None:
+      future = concurrent.futures.Future()
       try:
         future.set_result(fn())
       except Exception as e:  # noqa: BLE001 - handed to the caller
         future.set_exception(e)
-      return future
-    self._control.put((fn, future))
-    self._wake.set()
     return future
+
+  def try_post_control(self, fn: Callable[[], Any]) -> Optional[concurrent.futures.Future]:
+    """Queue fn for the scheduling thread and return its future, or None when the scheduler
+    is stopped. A queued fn always runs: on the thread, or in stop() if the thread left its
+    loop first."""
+    with self._lock:
+      if not self._accepting:
+        return None
+      future: concurrent.futures.Future = concurrent.futures.Future()
+      self._control.put((fn, future))
+      self._wake.set()
+      return future
 
   # ----------------------------------------------------------------- the loop
 

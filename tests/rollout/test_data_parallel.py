@@ -8,6 +8,7 @@ are routed to the scheduler whose prefix cache holds them.
 """
 import concurrent.futures
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -191,3 +192,83 @@ def test_a_failing_scheduler_fails_its_requests_and_the_other_keeps_serving(
     faulty.armed = False
     assert [o.output_ids for o in engine.generate(requests, timeout_s=60)] == want
     assert all(s.num_requests_served > 0 for s in engine.schedulers)
+
+
+class _SlowDecode:
+  """The shared ModelRunner seen by one scheduler, with each decode call held for delay_s: a
+  stand-in for a long decode step (a big batch on a slow device), so that the calls below
+  reliably arrive while both schedulers are inside a step. Every call runs the real runner."""
+
+  def __init__(self, runner, delay_s):
+    self._runner, self._delay_s = runner, delay_s
+
+  def __getattr__(self, name):
+    return getattr(self._runner, name)
+
+  def decode(self, *args, **kwargs):
+    time.sleep(self._delay_s)
+    return self._runner.decode(*args, **kwargs)
+
+
+def test_stop_during_a_weight_update_or_flush_neither_hangs(small_model, tokenizer):
+  """update_params and flush_cache posted while both schedulers are inside a step, then stop():
+  the schedulers leave their loops, yet the update is applied and the flush answered, at once
+  (not after their timeouts); the running requests fail with EngineError. A request that
+  reaches a stopped scheduler (submit racing stop) fails too instead of waiting forever."""
+  requests = [_request(p, seed=i, max_new=200) for i, p in enumerate(_prompts(2, seed=8))]
+  new_params = nnx.state(small_model, nnx.Param)
+  engine = Engine(small_model, tokenizer, config=DP2, weight_version="1").start()
+  for s in engine.schedulers:
+    s.runner = _SlowDecode(engine.runner, delay_s=0.5)
+  futures = [engine.submit(r) for r in requests]
+  deadline = time.monotonic() + 60
+  while not all(s.running_requests for s in engine.schedulers):
+    assert time.monotonic() < deadline
+    time.sleep(0.01)
+  pool = concurrent.futures.ThreadPoolExecutor(2)
+  update = pool.submit(engine.update_params, new_params, timeout_s=30)
+  flush = pool.submit(engine.flush_cache, timeout_s=30)
+  time.sleep(0.05)
+  started = time.monotonic()
+  engine.stop()
+  update.result(timeout=30)
+  assert flush.result(timeout=30) == 0
+  assert time.monotonic() - started < 10
+  assert engine.weight_version == "2"
+  for future in futures:
+    with pytest.raises(EngineError):
+      future.result(timeout=5)
+  late = engine._make_sequence(requests[0], None)
+  engine.schedulers[0].enqueue(late)
+  with pytest.raises(EngineError, match="stopped"):
+    late.future.result(timeout=5)
+
+
+def test_concurrent_weight_updates_do_not_deadlock(small_model, tokenizer):
+  """Two update_params calls at once (two trainers, or /update_weights_from_disk called twice)
+  whose pause requests reach the two schedulers in opposite orders: each update would hold one
+  scheduler paused while waiting for the other. Scheduler 1's first control post is held back
+  (a thread switch at the worst moment, made certain) so that order happens."""
+  params = nnx.state(small_model, nnx.Param)
+  with Engine(small_model, tokenizer, config=DP2, weight_version="1") as engine:
+    second = engine.schedulers[1]
+    post, calls = second.try_post_control, []
+
+    def held_back(fn):
+      calls.append(fn)
+      if len(calls) == 1:
+        time.sleep(0.4)
+      return post(fn)
+
+    second.try_post_control = held_back
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    first = pool.submit(engine.update_params, params, timeout_s=10)
+    time.sleep(0.1)
+    started = time.monotonic()
+    other = pool.submit(engine.update_params, params, timeout_s=10)
+    first.result(timeout=30)
+    other.result(timeout=30)
+    assert time.monotonic() - started < 5
+    assert engine.weight_version == "3"
+    out = engine.generate([_request(_prompts(1)[0], seed=0, max_new=4)], timeout_s=30)
+    assert len(out[0].output_ids) == 4
