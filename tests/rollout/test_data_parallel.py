@@ -272,3 +272,27 @@ def test_concurrent_weight_updates_do_not_deadlock(small_model, tokenizer):
     assert engine.weight_version == "3"
     out = engine.generate([_request(_prompts(1)[0], seed=0, max_new=4)], timeout_s=30)
     assert len(out[0].output_ids) == 4
+
+
+def test_restart_and_a_weight_update_while_stopped(small_model, small_config, tokenizer):
+  """stop() then start() again with two schedulers, and update_params while stopped (applied at
+  once, no scheduler to pause): the restarted engine serves the new weights, as a fresh engine
+  built from them does, and refuses requests while stopped."""
+  requests = [_request(p, seed=i, greedy=i % 2 == 0) for i, p in enumerate(_prompts(4, seed=9))]
+  new_model = CausalLM(small_config, rngs=nnx.Rngs(11))
+  with Engine(new_model, tokenizer, config=BASE) as reference:
+    want = reference.generate(requests)
+  engine = Engine(small_model, tokenizer, config=DP2, weight_version="4")
+  with engine:
+    engine.generate(requests)
+  assert not engine.is_running
+  with pytest.raises(EngineError, match="not running"):
+    engine.submit(requests[0])
+  engine.update_params(nnx.state(new_model, nnx.Param))
+  assert engine.weight_version == "5" and engine.prefix_cache_stats["resident_rows"] == 0
+  with engine:
+    assert engine.is_running
+    got = engine.generate(requests, timeout_s=60)
+  for a, b in zip(got, want):
+    assert a.output_ids == b.output_ids and a.meta_info.weight_version == "5"
+    np.testing.assert_allclose(a.output_logprobs, b.output_logprobs, atol=2e-5, rtol=0)
