@@ -162,8 +162,9 @@ class Scheduler:
 
   @property
   def load(self) -> int:
-    """Requests queued or running here (the engine's least-load routing)."""
-    return self._queue.qsize() + sum(s is not None for s in list(self._slots))
+    """Requests queued, being admitted or running here (the engine's least-load routing)."""
+    return (self._queue.qsize() + len(self._admitting)
+            + sum(s is not None for s in list(self._slots)))
 
   @property
   def running_requests(self) -> int:
@@ -269,6 +270,9 @@ class Scheduler:
     new: list[RequestState] = []
     if not running and self.config.admission_wait_s > 0:
       time.sleep(self.config.admission_wait_s)
+    # Out of the queue and in no row until _layout returns (which may compile a new shape):
+    # `load` counts them here meanwhile.
+    self._admitting = new
     while len(new) < room:
       try:
         seq = self._queue.get_nowait()
@@ -279,7 +283,6 @@ class Scheduler:
       seq.weight_version = self.weight_version
       seq.epoch = self._epoch
       new.append(seq)
-    self._admitting = new
     self._layout(running, new)
     self._admitting = []
     return new

@@ -296,3 +296,36 @@ def test_restart_and_a_weight_update_while_stopped(small_model, small_config, to
   for a, b in zip(got, want):
     assert a.output_ids == b.output_ids and a.meta_info.weight_version == "5"
     np.testing.assert_allclose(a.output_logprobs, b.output_logprobs, atol=2e-5, rtol=0)
+
+
+class _SlowInitCache:
+  """The shared ModelRunner seen by one scheduler, with each cache allocation held for delay_s:
+  a stand-in for a slow admission (a re-layout or allocation that compiles a new shape).
+  Every call runs the real runner."""
+
+  def __init__(self, runner, delay_s):
+    self._runner, self._delay_s = runner, delay_s
+
+  def __getattr__(self, name):
+    return getattr(self._runner, name)
+
+  def init_cache(self, *args, **kwargs):
+    time.sleep(self._delay_s)
+    return self._runner.init_cache(*args, **kwargs)
+
+
+def test_requests_being_admitted_count_toward_the_load(small_model, tokenizer):
+  """A request taken from scheduler 0's queue but still being admitted (its cache is being
+  allocated) is load there: the next request goes to the idle scheduler 1."""
+  requests = [_request(p, seed=i, max_new=4) for i, p in enumerate(_prompts(2, seed=10))]
+  with Engine(small_model, tokenizer, config=DP2) as engine:
+    engine.schedulers[0].runner = _SlowInitCache(engine.runner, delay_s=1.0)
+    first = engine.submit(requests[0])           # idle tie: scheduler 0
+    deadline = time.monotonic() + 10
+    while engine.schedulers[0].queued_requests:  # taken from the queue, now being admitted
+      assert time.monotonic() < deadline
+      time.sleep(0.005)
+    assert engine.schedulers[0].load == 1
+    second = engine.submit(requests[1])
+    first.result(timeout=60), second.result(timeout=60)
+    assert [s.num_requests_served for s in engine.schedulers] == [1, 1]
