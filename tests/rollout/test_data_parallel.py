@@ -228,7 +228,9 @@ def test_stop_during_a_weight_update_or_flush_neither_hangs(small_model, tokeniz
   pool = concurrent.futures.ThreadPoolExecutor(2)
   update = pool.submit(engine.update_params, new_params, timeout_s=30)
   flush = pool.submit(engine.flush_cache, timeout_s=30)
-  time.sleep(0.05)
+  while not all(s._control.qsize() == 2 for s in engine.schedulers):   # both posted, not run
+    assert time.monotonic() < deadline
+    time.sleep(0.005)
   started = time.monotonic()
   engine.stop()
   update.result(timeout=30)
