@@ -8,6 +8,7 @@ are routed to the scheduler whose prefix cache holds them.
 """
 import concurrent.futures
 import dataclasses
+import threading
 import time
 
 import numpy as np
@@ -331,3 +332,32 @@ def test_requests_being_admitted_count_toward_the_load(small_model, tokenizer):
     second = engine.submit(requests[1])
     first.result(timeout=60), second.result(timeout=60)
     assert [s.num_requests_served for s in engine.schedulers] == [1, 1]
+
+
+def test_a_request_submitted_during_a_weight_update_gets_the_new_weights(
+    small_model, small_config, tokenizer):
+  """While update_params holds both schedulers paused (the swap is held for 0.5 s, a stand-in
+  for loading large weights), a new request is queued, not refused or lost; it is admitted
+  after the swap and served by the new weights only."""
+  request = _request(_prompts(1, seed=12)[0], seed=0, greedy=False)
+  new_model = CausalLM(small_config, rngs=nnx.Rngs(13))
+  with Engine(new_model, tokenizer, config=BASE) as reference:
+    [want] = reference.generate([request])
+  with Engine(small_model, tokenizer, config=DP2, weight_version="1") as engine:
+    swap = engine.runner.swap_params
+    swapping = threading.Event()
+
+    def slow_swap(params):
+      swapping.set()
+      time.sleep(0.5)
+      swap(params)
+
+    engine.runner.swap_params = slow_swap
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    update = pool.submit(engine.update_params, nnx.state(new_model, nnx.Param), timeout_s=30)
+    assert swapping.wait(timeout=30)
+    future = engine.submit(request)
+    update.result(timeout=30)
+    got = future.result(timeout=60)
+  assert got.meta_info.weight_version == "2" and got.output_ids == want.output_ids
+  np.testing.assert_allclose(got.output_logprobs, want.output_logprobs, atol=2e-5, rtol=0)
