@@ -4,7 +4,10 @@ References: an engine with one scheduler serving the same weights (test_engine.p
 one against the trainer's forward pass), and a fresh engine built from the new weights after a
 weight update. Also checked: the per-scheduler sizes, that concurrent schedulers never compile
 one program twice, that requests spread over the schedulers, and that an agent session's turns
-are routed to the scheduler whose prefix cache holds them.
+are routed to the scheduler whose prefix cache holds them. Lifecycle: a fault in one scheduler,
+stop() racing an update/flush/submit, concurrent updates, restart, a request arriving during
+an update. Faults and delays are injected by wrapping the shared runner for one scheduler
+(nothing here can make a real device fail or stall on purpose).
 """
 import concurrent.futures
 import dataclasses
