@@ -359,9 +359,13 @@ class Engine:
     different orders to two schedulers would each hold one scheduler the other waits for.
 
     Raises:
-      EngineError: a scheduler did not pause within timeout_s (fn is not run).
+      EngineError: another pause or a scheduler did not let this one start within timeout_s
+        (fn is not run).
     """
-    with self._pause_lock:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    if not self._pause_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
+      raise EngineError(f"another weight update held the engine for {timeout_s} s")
+    try:
       resume = threading.Event()
       waits = []
       for s in self.schedulers:
@@ -369,7 +373,6 @@ class Engine:
         future = s.try_post_control(functools.partial(_park, arrived, resume))
         if future is not None:
           waits.append((arrived, future))
-      deadline = None if timeout_s is None else time.monotonic() + timeout_s
       try:
         for arrived, _ in waits:
           left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
@@ -379,6 +382,8 @@ class Engine:
       finally:
         resume.set()
         concurrent.futures.wait([f for _, f in waits], timeout=timeout_s)
+    finally:
+      self._pause_lock.release()
 
   def model_info(self) -> dict[str, Any]:
     """SGLang's /get_model_info fields plus compile_count and num_requests_served."""

@@ -280,6 +280,29 @@ def test_concurrent_weight_updates_do_not_deadlock(small_model, tokenizer):
     assert len(out[0].output_ids) == 4
 
 
+def test_a_weight_update_waiting_behind_another_honours_its_timeout(small_model, tokenizer):
+  """While one update holds the engine (a slow weight swap), a second update with a short
+  timeout fails with EngineError after about that timeout instead of waiting it out."""
+  params = nnx.state(small_model, nnx.Param)
+  with Engine(small_model, tokenizer, config=DP2) as engine:
+    swap = engine.runner.swap_params
+
+    def slow_swap(new):
+      time.sleep(2.0)
+      swap(new)
+
+    engine.runner.swap_params = slow_swap
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    first = pool.submit(engine.update_params, params, timeout_s=30)
+    time.sleep(0.3)
+    started = time.monotonic()
+    with pytest.raises(EngineError, match="another weight update held the engine for 0.2 s"):
+      engine.update_params(params, timeout_s=0.2)
+    assert time.monotonic() - started < 1.5
+    first.result(timeout=30)
+    assert engine.weight_version == "1"
+
+
 def test_restart_and_a_weight_update_while_stopped(small_model, small_config, tokenizer):
   """stop() then start() again with two schedulers, and update_params while stopped (applied at
   once, no scheduler to pause): the restarted engine serves the new weights, as a fresh engine
