@@ -163,8 +163,7 @@ class Scheduler:
   @property
   def load(self) -> int:
     """Requests queued, being admitted or running here (the engine's least-load routing)."""
-    return (self._queue.qsize() + len(self._admitting)
-            + sum(s is not None for s in list(self._slots)))
+    return self._queue.qsize() + len(self._admitting) + self.running_requests
 
   @property
   def running_requests(self) -> int:
