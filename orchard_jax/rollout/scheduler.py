@@ -234,16 +234,7 @@ class Scheduler:
           self._wake.clear()
       except Exception as e:  # noqa: BLE001 - a model fault fails the requests, not the thread
         _log.exception("engine step failed")
-        error = EngineError(f"engine step failed: {type(e).__name__}: {e}")
-        # Requests taken from the queue whose admission failed are in no row yet.
-        for seq in self._admitting:
-          if not seq.future.done():
-            seq.future.set_exception(error)
-        self._fail_running(error)
-        self._admitting = []
-        self._cache = None
-        self._slots = []
-        self._resident = []
+        self._fail_rows(EngineError(f"engine step failed: {type(e).__name__}: {e}"))
 
   def _apply_control(self) -> None:
     while True:
@@ -664,16 +655,19 @@ class Scheduler:
   def _token_text(self, token_id: int) -> str:
     return self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
 
-  def _fail_running(self, error: Exception) -> None:
-    for s in self._slots:
-      if s is not None and not s.future.done():
+  def _fail_rows(self, error: Exception) -> None:
+    """Fail every request in a row or being admitted (taken from the queue, in no row yet)
+    and drop the cache with its rows and resident rows."""
+    for s in self._running() + self._admitting:
+      if not s.future.done():
         s.future.set_exception(error)
-
-  def _fail_all(self, error: Exception) -> None:
-    self._fail_running(error)
+    self._admitting = []
     self._slots = []
     self._resident = []
     self._cache = None
+
+  def _fail_all(self, error: Exception) -> None:
+    self._fail_rows(error)
     while True:
       try:
         seq = self._queue.get_nowait()
