@@ -61,7 +61,7 @@ def swe_base(preset="tiny"):
     tiny             the embedded default: the tiny policy, in-process Orchard Env with local
                      bubblewrap sandboxes, the embedded JAX engine, offline judge/annotator;
                      sized to finish `swe_rpr` in under 45 minutes on 2 CPU cores.
-    qwen3_5_35b_a3b  the published setting (ALGORITHMS.md sections 1-5) at its real size.
+    qwen3_5_35b_a3b  the published setting (docs/algorithms.md sections 1-5) at its real size.
     cluster          qwen3_5_35b_a3b pointed at the fleet (launch/fleet.py): Orchard Env, SGLang
                      servers and the checkpoint volume from the ORCHARD_* environment variables
                      the training Job sets; only URLs and sizes differ, never code.

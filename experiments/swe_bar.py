@@ -1,5 +1,5 @@
 """Orchard-SWE: GRPO with Balanced Adaptive Rollout and the outcome reward only (R_bin = +-1;
-ALGORITHMS.md section 2). The ablation of swe_rpr.py without the judge.
+docs/algorithms.md section 2). The ablation of swe_rpr.py without the judge.
 
     python launch/run.py --config experiments/swe_bar.py[:qwen3_5_35b_a3b|:cluster]
 """

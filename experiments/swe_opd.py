@@ -1,4 +1,4 @@
-"""Orchard-SWE: on-policy distillation from a teacher (ALGORITHMS.md section 4), with BAR or
+"""Orchard-SWE: on-policy distillation from a teacher (docs/algorithms.md section 4), with BAR or
 alone.
 
 The teacher scores the student's own sampled tokens (teacher top-k = 1). It is a second engine:

@@ -7,7 +7,7 @@
 Builds or loads the task set, warm-starts the policy with credit-assignment SFT on replay-expert
 trajectories (unless policy.init names a checkpoint), then runs RL iterations: BAR rollouts
 through the recording proxy in sandboxes, evaluation in fresh sandboxes, judging on the seven
-rubrics (R' = R_bin + rpr_alpha * J; ALGORITHMS.md sections 2 and 5), the group filter, packed
+rubrics (R' = R_bin + rpr_alpha * J; docs/algorithms.md sections 2 and 5), the group filter, packed
 updates, weight sync, checkpoints, and a final checkpoint evaluation. The offline evidence judge
 is the default; an LLM judge is `--config.judge.kind=llm --config.judge.url=... 
 --config.judge.model=... --config.judge.api_key_env=VAR`.

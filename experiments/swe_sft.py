@@ -1,4 +1,4 @@
-"""Orchard-SWE: credit-assignment SFT (ALGORITHMS.md section 1).
+"""Orchard-SWE: credit-assignment SFT (docs/algorithms.md section 1).
 
 Trajectories come from the replay expert executed on the training tasks (the default, for
 machines without a teacher), a trajectory store (`--config.sft.source=runs/swe_distill/store`,

@@ -1,4 +1,4 @@
-"""Orchard-SWE: historical experience distillation into a value model (ALGORITHMS.md section 6).
+"""Orchard-SWE: historical experience distillation into a value model (docs/algorithms.md section 6).
 
 Trains the value model (`value.preset`, tiny_dense here; or a policy backbone via
 `value.init_from_policy`) on every evaluated trajectory in the trajectory stores of earlier

@@ -6,9 +6,9 @@ full isolation: pid/mount/net/ipc/uts namespaces, cgroups, read-only host image)
 - exec round trip p50/p99 of `echo hi` through HTTP and the SDK, beside the same command in
   mini-swe-agent's LocalEnvironment (no isolation) and BubblewrapEnvironment, SWE-ReX's
   LocalRuntime (bash session, and plain execute), and a fresh `bwrap --unshare-all` per
-  command (PEERS.md's method: 200 calls after 5 warm-ups),
+  command (docs/peers.md's method: 200 calls after 5 warm-ups),
 - time until 1,000 sandboxes are alive at once and the success rate, beside 1,000 bare
-  `bwrap --unshare-all ... sleep` processes started the same way PEERS.md did,
+  `bwrap --unshare-all ... sleep` processes started the same way docs/peers.md did,
 - idle memory per sandbox (proportional set size of its processes) and the service's own
   memory growth per sandbox.
 mini-swe-agent and SWE-ReX are installed for the benchmark only (`pip install mini-swe-agent
@@ -148,7 +148,7 @@ async def _many(url, key, n):
 
 
 def _bare_bwrap_alive_seconds(n):
-  """PEERS.md's floor: n long-lived `bwrap --unshare-all ... sleep` started from Python."""
+  """docs/peers.md's floor: n long-lived `bwrap --unshare-all ... sleep` started from Python."""
   procs = []
   started = time.monotonic()
   for _ in range(n):

@@ -1,7 +1,7 @@
 """`python launch/bench.py --suite model`: policy forward+backward throughput and peak memory,
 orchard_jax vs transformers (PyTorch), same config, same batch, same threads, float32.
 
-Cases follow /work/shared/PEERS.md: the `tiny` and `small` presets of both architectures
+Cases follow docs/peers.md: the `tiny` and `small` presets of both architectures
 (qwen3_moe: tiny, small; qwen3_5_moe: tiny_qwen3_5, small_qwen3_5) at batch 4 x 512 (tiny) and
 4 x 1024 (small), random token ids, loss = mean next-token cross-entropy over the batch
 (transformers: `model(input_ids, labels=input_ids).loss`, its own shifted cross-entropy over

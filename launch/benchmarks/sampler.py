@@ -1,11 +1,11 @@
 """`--suite sampler`: decode throughput of the embedded engine against transformers' generate.
 
-Both sides run the tiny Qwen3-MoE preset (PEERS.md: vocab 8192, hidden 256, 4 layers, 4 q / 2
+Both sides run the tiny Qwen3-MoE preset (docs/peers.md: vocab 8192, hidden 256, 4 layers, 4 q / 2
 kv heads, head_dim 64, 8 experts top-2, moe_intermediate 256, float32, random init), greedy,
 a 128-token random prompt per row and exactly 128 new tokens, at batch 1 and 8. Throughput is
 new tokens per second over the whole call (prefill included), median of `_REPEATS` runs after a
 warm-up run (which compiles / allocates). transformers runs `generate(do_sample=False,
-use_cache=True)` with torch limited to 2 threads, as PEERS.md measured it. The engine uses the
+use_cache=True)` with torch limited to 2 threads, as docs/peers.md measured it. The engine uses the
 same 2 cores as 2 data-parallel schedulers of 4 rows each (EngineConfig.data_parallel; a batch
 of 1 runs on one of them), the configuration the engine's docstring recommends for a CPU with
 2 or more cores; one more row gives the engine with one scheduler of 8 rows (no target).

@@ -1,11 +1,11 @@
 """`--suite train`: train-step throughput and model FLOPs utilisation for the tiny and small presets.
 
-For each preset, at PEERS.md's shapes (tiny 4 x 512, small 4 x 1024), float32, random init and
+For each preset, at docs/peers.md's shapes (tiny 4 x 512, small 4 x 1024), float32, random init and
 random token ids:
 - orchard_jax: one full train step (forward, backward with chunked log-probs, AdamW update) of
   `orchard_jax.train` on all local devices, median of 5 after 2 warm-ups; tokens/s (small:
   4 rows as 4 accumulated microbatches, the same tokens per optimiser step).
-- transformers (the same config through models.hf.config_to_hf; torch on 2 threads as PEERS.md
+- transformers (the same config through models.hf.config_to_hf; torch on 2 threads as docs/peers.md
   measured it): forward with labels + backward, no optimiser step; tokens/s.
 - model FLOPs utilisation: training FLOPs per token from the config (6 x active matmul
   parameters incl. the LM head, plus causal attention 6 x layers x heads x head_dim x seq)

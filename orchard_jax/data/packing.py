@@ -1,10 +1,10 @@
-"""Packing training sequences into fixed-shape [batch, seq] batches (CONTRACTS.md, packed batch).
+"""Packing training sequences into fixed-shape [batch, seq] batches (docs/contracts.md, packed batch).
 
 Sequences are placed into rows of `seq_len` tokens by first-fit decreasing (longest first, each
 into the first row with room), rows are shuffled with a seed and grouped into batches of
 `batch_size` rows. Every batch has the same shape, so a jitted train step never recompiles;
 rows without data are padding (segment id 0, weight 0); `batch_size` must divide evenly over
-the data-parallel devices, so that no device ever sees a different shape (CASES.md 4).
+the data-parallel devices, so that no device ever sees a different shape (docs/cases.md 4).
 
 A batch is a dict of numpy arrays, all [batch_size, seq_len]:
   input_ids int32, positions int32 (0, 1, ... restarting at every segment), segment_ids int32
@@ -119,7 +119,7 @@ def pack_sequences(sequences: Sequence[TrainingSequence], *, batch_size: int, se
     pad_id: input id of padding positions.
     value_labels: one float per sequence (the value model's target: 1.0 resolved, 0.0 not);
       when given, every batch carries `value_labels` [batch_size, seq_len] with each
-      sequence's label on its tokens (a scalar per segment, as ALGORITHMS.md section 6 trains
+      sequence's label on its tokens (a scalar per segment, as docs/algorithms.md section 6 trains
       at the final token or every prefix of a trajectory) and 0 on padding.
   Returns:
     `PackedData` (batches, placements, stats). With no data and num_batches None, zero batches.

@@ -1,11 +1,11 @@
 """Training sequences: recorded model calls (or chat messages) -> token ids with loss masks.
 
-The RL path never re-tokenises sampled text (CASES.md 1 and 2): a session's calls are joined by
+The RL path never re-tokenises sampled text (docs/cases.md 1 and 2): a session's calls are joined by
 their recorded ids. When call k+1's prompt starts with everything recorded so far (call k's
 prompt + sampled output), only the new tokens (tool results, the next turn header) are appended;
 when it does not (the harness edited or compacted its history), a new sequence starts.
 
-Token alignment (CONTRACTS.md): every per-token array describes predicting input_ids[t] from the
+Token alignment (docs/contracts.md): every per-token array describes predicting input_ids[t] from the
 tokens before it. Sampled tokens get loss weight 1 and their recorded log-prob; prompt, tool
 output and template tokens get weight 0 and log-prob 0. The first token never carries weight.
 
@@ -28,7 +28,7 @@ from orchard_jax.data.records import ModelCall, chat_messages
 
 @dataclasses.dataclass
 class TrainingSequence:
-  """One training sequence: [n] arrays aligned per CONTRACTS.md, plus where it came from.
+  """One training sequence: [n] arrays aligned per docs/contracts.md, plus where it came from.
 
   Attributes:
     input_ids: [n] int32 token ids.

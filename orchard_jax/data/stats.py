@@ -1,7 +1,7 @@
 """Dataset statistics of a trajectory store: the table and the histograms (issue 9).
 
 `dataset_stats` counts trajectories per task, resolve rate, turns and tokens per trajectory,
-exit statuses, and how many trajectories the Orchard SFT filters would drop (ALGORITHMS.md
+exit statuses, and how many trajectories the Orchard SFT filters would drop (docs/algorithms.md
 section 1: longer than the context, an undefined tool call, an unparsable action).
 `DatasetStats.table()` formats them for a console; `plot_histograms` writes PNG plots.
 """
@@ -95,7 +95,7 @@ class DatasetStats:
 def trajectory_filter_reasons(trajectory: Trajectory, *, tokens: int | None = None,
                               max_tokens: int | None = None, parser: str = "hermes"
                               ) -> list[str]:
-  """Which of the Orchard SFT filters flag a trajectory (ALGORITHMS.md section 1).
+  """Which of the Orchard SFT filters flag a trajectory (docs/algorithms.md section 1).
 
   - "too_long": `tokens` > `max_tokens` (both known).
   - "undefined_tool_call": an assistant tool call names a tool not in `trajectory.tools`, or

@@ -112,7 +112,7 @@ class Tokenizer:
     return [e.ids for e in self._backend.encode_batch(list(texts), add_special_tokens=False)]
 
   def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
-    """Text of `ids`. Decoding then encoding is not always the identity (CASES.md 2)."""
+    """Text of `ids`. Decoding then encoding is not always the identity (docs/cases.md 2)."""
     return self._backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
   def token_to_id(self, token: str) -> int | None:
@@ -163,7 +163,7 @@ class Tokenizer:
     The recording proxy holds a session's ids up to the end-of-turn token the model sampled
     (prompt + output of the last call). When the harness sends the chat again with new
     messages (tool results, a user turn), the ids of the next prompt are the recorded ids +
-    encode(this text), never a re-rendering of what was recorded (CASES.md 1). Special
+    encode(this text), never a re-rendering of what was recorded (docs/cases.md 1). Special
     tokens split the text, so encoding the continuation on its own matches a joint encoding.
 
     Args:

@@ -1,6 +1,6 @@
 """Sandbox images: what the `image` string of a create request means, and the image-directory format.
 
-An image is one of (CONTRACTS.md "Env images"):
+An image is one of (docs/contracts.md "Env images"):
 
 - `"host"`: a read-only view of the host's system folders (/usr, /bin, /lib*, /etc, /opt...).
 - an absolute path to an **image directory** on the orchestrator's machine (local backend),

@@ -1,7 +1,7 @@
 """A chat-completions client for any OpenAI-compatible base URL (the recording proxy, SGLang,
 the embedded engine), over httpx.
 
-The harness reaches its model only this way (CONTRACTS.md "Model access from harnesses"), so
+The harness reaches its model only this way (docs/contracts.md "Model access from harnesses"), so
 every call passes through the proxy, which records token ids and log-probs as sampled.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A replay expert: real, executed agent trajectories built from an instance's gold patch.
 
-Machines without a teacher model still need seed data for credit-assignment SFT (ALGORITHMS.md
+Machines without a teacher model still need seed data for credit-assignment SFT (docs/algorithms.md
 section 1): resolved trajectories for the "every action" loss and unresolved ones whose rise
 segments carry credit. The expert plays a competent engineer with privileged knowledge of the
 fix: it explores the repository, reproduces the bug with a focused test (sliced from the hidden

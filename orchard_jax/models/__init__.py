@@ -1,7 +1,7 @@
 """Flax NNX policy and value models (Qwen3-MoE, Qwen3.5-MoE, dense Qwen3), presets and
 Hugging Face I/O.
 
-Public API (CONTRACTS.md "Model API"):
+Public API (docs/contracts.md "Model API"):
 
   ModelConfig                      frozen dataclass; dataclasses.replace for overrides;
                                    ModelConfig.from_dict(mapping) / config.to_dict()

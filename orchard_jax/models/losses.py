@@ -93,7 +93,7 @@ def next_token_targets(input_ids: jax.Array, segment_ids: jax.Array
   """Targets and mask of next-token prediction on a packed batch.
 
   Position t predicts input_ids[t + 1] when both tokens belong to the same non-zero segment
-  (CONTRACTS.md alignment, seen from the predicting position).
+  (docs/contracts.md alignment, seen from the predicting position).
 
   Args:
     input_ids, segment_ids: [batch, seq] int32.

@@ -1,6 +1,6 @@
 """Named model sizes: CPU test/benchmark sizes and the published Qwen checkpoints.
 
-`tiny`, `small` and `tiny_qwen3_5` follow the rows of /work/shared/PEERS.md that transformers'
+`tiny`, `small` and `tiny_qwen3_5` follow the rows of docs/peers.md that transformers'
 baseline was measured on; the real sizes follow the published config.json files (Qwen/Qwen3-
 30B-A3B, Qwen/Qwen3.5-35B-A3B text model, Qwen/Qwen3-4B). Real sizes are never instantiated
 in tests; their parameter counts are checked with jax.eval_shape (models.count_params).

@@ -1,4 +1,4 @@
-"""Value model: the policy backbone with a scalar head (ALGORITHMS.md section 6).
+"""Value model: the policy backbone with a scalar head (docs/algorithms.md section 6).
 
 values[b, t] is the logit of P(resolved | tokens up to and including t of row b's segment);
 the value recipe trains it with binary cross-entropy on the trajectory's resolved label, at

@@ -1,4 +1,4 @@
-"""Value annotators for credit-assignment SFT (ALGORITHMS.md section 1).
+"""Value annotators for credit-assignment SFT (docs/algorithms.md section 1).
 
 An annotator sees a whole trajectory and its final outcome and gives V(s_t) = P(resolve |
 history up to step t, outcome) at a few key steps; `rl.credit_assignment_sft` interpolates

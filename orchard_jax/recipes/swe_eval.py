@@ -1,7 +1,7 @@
 """Checkpoint evaluation for Orchard-SWE: pass@1, pass@k, and value-model best-of-k vs random@k.
 
 The policy (served by a `PolicyService`) runs the harness k times on each evaluation instance
-(fresh sandboxes, graded by SWE-bench's rules, reward R_bin only: ALGORITHMS.md section 5 says
+(fresh sandboxes, graded by SWE-bench's rules, reward R_bin only: docs/algorithms.md section 5 says
 evaluation never uses the judge). Attempt a of instance i samples with a seed derived from
 (eval.seed, i, a), so the same checkpoint evaluated again gives the same rollouts (up to the
 float non-associativity of different batch compositions in the engine).

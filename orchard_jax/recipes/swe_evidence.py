@@ -1,5 +1,5 @@
 """What a bash-agent trajectory shows: the steps, their commands and results, and the evidence
-the offline judge and annotator score (ALGORITHMS.md sections 1 and 5).
+the offline judge and annotator score (docs/algorithms.md sections 1 and 5).
 
 A trajectory in mini-swe-agent's protocol alternates assistant turns (a THOUGHT and one bash
 block) with observations (`<returncode>N</returncode>` and the output). `read_steps` turns it

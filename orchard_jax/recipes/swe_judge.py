@@ -1,4 +1,4 @@
-"""Rubric judges for rubric-based process reward (RPR; ALGORITHMS.md section 5).
+"""Rubric judges for rubric-based process reward (RPR; docs/algorithms.md section 5).
 
 Two judges grade a whole SWE trajectory on the seven rubrics (rl.RUBRICS) and return raw
 scores; `rpr_reward` snaps, weights and combines them with R_bin through `orchard_jax.rl`

@@ -137,7 +137,7 @@ def _check_vocab(config, vocab_size: int) -> None:
 
 
 def load_checkpoint_params(model, path: str, mesh) -> int:
-  """Fills `model`'s parameters from the latest checkpoint under `path` (any mesh; CASES.md 5).
+  """Fills `model`'s parameters from the latest checkpoint under `path` (any mesh; docs/cases.md 5).
 
   Returns:
     The checkpoint's step.

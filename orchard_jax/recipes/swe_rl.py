@@ -1,6 +1,6 @@
 """The RL stage of Orchard-SWE: BAR groups -> advantages -> packed batches -> sharded updates.
 
-One iteration (ALGORITHMS.md sections 2-5; DESIGN.md "the main job"):
+One iteration (docs/algorithms.md sections 2-5; docs/design.md "the main job"):
 1. choose prompts (training instances), over-sampled by `rl.oversample` to replace dropped groups;
 2. `swe_rollouts.balanced_groups`: BAR strides of harness rollouts through the proxy, each
    graded in a fresh sandbox and rewarded R_bin or R' = R_bin + alpha J (RPR);

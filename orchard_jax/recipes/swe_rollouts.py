@@ -9,7 +9,7 @@ to the trajectory store, so later experiments (the value model) can use it.
 A rollout is *aborted* when its run raised (sandbox, engine or proxy failure), went past
 `rollout_timeout_s`, or the agent's wall-time limit or a model-call failure ended it: BAR puts
 such rollouts on its backfill pile and the group filter drops a group holding one
-(ALGORITHMS.md section 2). A rollout that ran out of steps is *truncated*: R_bin = -1 and it
+(docs/algorithms.md section 2). A rollout that ran out of steps is *truncated*: R_bin = -1 and it
 never counts as resolved, whatever its partial patch does. Repeated format errors are an
 ordinary failure: the (usually empty) submission is graded like any other.
 
@@ -72,7 +72,7 @@ class Rollout:
 
   @property
   def resolved(self) -> bool:
-    """Graded resolved, and neither aborted nor truncated (ALGORITHMS.md section 5)."""
+    """Graded resolved, and neither aborted nor truncated (docs/algorithms.md section 5)."""
     return bool(self.trajectory.resolved) and not self.aborted and not self.truncated
 
   @property
@@ -282,7 +282,7 @@ def balanced_groups(runner: RolloutRunner, instances: Sequence[Any], bar: rl.BAR
                     iteration: int, seed: int, policy_version: Optional[int] = None,
                     progress_factory: Optional[Callable[[int, str], Any]] = None
                     ) -> list[PromptGroup]:
-  """BAR (ALGORITHMS.md section 2) for every prompt at once (module docstring).
+  """BAR (docs/algorithms.md section 2) for every prompt at once (module docstring).
 
   Args:
     runner: runs the rollouts.

@@ -1,4 +1,4 @@
-"""Credit-assignment SFT for Orchard-SWE (ALGORITHMS.md section 1).
+"""Credit-assignment SFT for Orchard-SWE (docs/algorithms.md section 1).
 
 Data: trajectories with outcomes, from the replay expert executed on the training tasks (the
 default on machines without a teacher; cached in the run's trajectory store), from a trajectory

@@ -1,5 +1,5 @@
 """Historical experience distillation: a value model trained on the trajectory store
-(ALGORITHMS.md section 6; Orchard: 69.7 -> 73.0 on SWE-bench Verified with best-of-k).
+(docs/algorithms.md section 6; Orchard: 69.7 -> 73.0 on SWE-bench Verified with best-of-k).
 
 Trajectories from earlier experiments (RL rollouts, evaluations, distillation, the replay
 expert) are read from one or more trajectory stores; each evaluated, non-aborted trajectory

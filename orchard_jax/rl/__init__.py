@@ -1,4 +1,4 @@
-"""The training algorithms as pure functions on arrays (ALGORITHMS.md sections 1-6).
+"""The training algorithms as pure functions on arrays (docs/algorithms.md sections 1-6).
 
 Host-side (NumPy / Python, before packing): credit-assignment SFT targets and filters, GRPO
 advantages, BAR group assembly and the group filter, RPR rewards, reranking metrics.

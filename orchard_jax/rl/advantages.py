@@ -1,4 +1,4 @@
-"""Group-relative advantages (GRPO, arXiv 2402.03300 section 4.1.2; ALGORITHMS.md section 2).
+"""Group-relative advantages (GRPO, arXiv 2402.03300 section 4.1.2; docs/algorithms.md section 2).
 
 A_i = (r_i - mean(r)) / (std(r) + 1e-6) over the rollouts of one group (population std, ddof 0:
 the group is the whole population being normalised). Dr.GRPO (arXiv 2503.20783) drops the std
@@ -20,7 +20,7 @@ def grpo_advantages(rewards, *, mask=None, scale: str = "std", eps: float = 1e-6
     mask: optional same-shape bool, False for slots that hold no rollout (excluded from the mean
       and std, advantage 0).
     scale: "std" (GRPO: divide by std + eps) or "none" (Dr.GRPO: centre only).
-    eps: added to the std; 1e-6 as in ALGORITHMS.md.
+    eps: added to the std; 1e-6 as in docs/algorithms.md.
   Returns:
     float32 array of rewards' shape. A group whose rewards are all equal gets all zeros.
   Raises:

@@ -1,6 +1,6 @@
 """Turning per-token loss terms into one scalar: token-mean, sequence-mean, constant normaliser.
 
-Packed batches hold several sequences per row (CONTRACTS.md, "Packed batch"); a sequence is one
+Packed batches hold several sequences per row (docs/contracts.md, "Packed batch"); a sequence is one
 (row, segment id) pair with a non-zero segment id. The three modes are the ones the RL
 literature compares:
 

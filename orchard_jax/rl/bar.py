@@ -1,6 +1,6 @@
 """Balanced Adaptive Rollout: assembling GRPO groups with a balanced positive fraction.
 
-ALGORITHMS.md section 2 (Orchard, arXiv 2605.15040). For one prompt, rollouts are generated in
+docs/algorithms.md section 2 (Orchard, arXiv 2605.15040). For one prompt, rollouts are generated in
 strides of s, scored and pooled; after each stride the pool is offered to TryAssemble with the
 target positive-fraction interval [rho_min, rho_max], and generation stops as soon as a group
 assembles or the pool holds N_max rollouts. Then the fallback runs: TryAssemble with [0, 1],
@@ -16,7 +16,7 @@ TryAssemble(pool, [lo, hi]):
   the first n+ positives and the first N - n+ negatives.
 
 The group filter (applied before training) drops a group with an aborted rollout, zero reward
-std, or no positive, where "positive" means resolved when the reward is shaped (RPR; CASES.md 3).
+std, or no positive, where "positive" means resolved when the reward is shaped (RPR; docs/cases.md 3).
 
 Pure Python over small lists; `balanced_adaptive_rollout` drives the loop through a callback.
 """
@@ -219,7 +219,7 @@ def group_filter_reasons(group: Sequence[ScoredRollout], *,
   Args:
     group: the assembled rollouts.
     positive_is_resolved: count a rollout as positive when it resolved (the right test under a
-      shaped reward, CASES.md 3); False counts reward > 0.
+      shaped reward, docs/cases.md 3); False counts reward > 0.
   Returns:
     The reasons from GROUP_FILTER_REASONS that apply, in that order.
   """
@@ -240,7 +240,7 @@ def select_groups(groups: Sequence[Sequence[ScoredRollout]], num_groups: int, *,
   """Applies the group filter and keeps the first `num_groups` surviving groups, in order.
 
   Over-sample prompts (pass more groups than `num_groups`) so dropped groups are replaced and
-  the batch keeps its size (ALGORITHMS.md section 2; CASES.md 4).
+  the batch keeps its size (docs/algorithms.md section 2; docs/cases.md 4).
 
   Args:
     groups: candidate groups in prompt order.

@@ -1,4 +1,4 @@
-"""Credit-assignment SFT targets (Orchard-SWE; ALGORITHMS.md section 1).
+"""Credit-assignment SFT targets (Orchard-SWE; docs/algorithms.md section 1).
 
 A trajectory is h_0, a_0, o_0, a_1, o_1, ...: actions a_t (model turns) and observations o_t.
 An annotator gives V(s_t) = P(resolve | history up to step t, outcome) at a few key steps; the
@@ -120,7 +120,7 @@ def token_loss_weights(step_ids, step_mask) -> np.ndarray:
   Args:
     step_ids: [seq] int, the index of the action step each token belongs to, -1 for every
       token that is not model output (system prompt, task, observations, chat-template tokens
-      the model did not generate). Aligned as CONTRACTS.md says: entry t is for predicting
+      the model did not generate). Aligned as docs/contracts.md says: entry t is for predicting
       token t.
     step_mask: [T] bool from `trained_steps`.
   Returns:
@@ -156,7 +156,7 @@ class CreditSFTExample:
 def credit_assignment_sft(step_ids, resolved: bool, *, annotated_steps: Sequence[int] = (),
                           annotated_values: Sequence[float] = (), eps: float = 0.05,
                           num_steps: Optional[int] = None) -> CreditSFTExample:
-  """Loss weights of one trajectory for credit-assignment SFT (ALGORITHMS.md section 1).
+  """Loss weights of one trajectory for credit-assignment SFT (docs/algorithms.md section 1).
 
   Args:
     step_ids: [seq] int action step of each token, -1 for tokens that carry no loss ever.

@@ -1,4 +1,4 @@
-"""On-policy distillation with a sampled-token estimator (ALGORITHMS.md section 4).
+"""On-policy distillation with a sampled-token estimator (docs/algorithms.md section 4).
 
 The student samples; the teacher scores the student's own tokens (teacher top-k = 1), so each
 position has log pi_s and log pi_t of one token. With d = log pi_s - log pi_t:

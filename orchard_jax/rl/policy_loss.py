@@ -1,4 +1,4 @@
-"""The GRPO/DAPO token-level clipped policy loss (ALGORITHMS.md section 3).
+"""The GRPO/DAPO token-level clipped policy loss (docs/algorithms.md section 3).
 
 Per token (i, t) with rho = exp(log pi_theta - log pi_old) and advantage A:
 
@@ -49,7 +49,7 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
 
   Args:
     logp: [batch, seq] float32 log pi_theta of each token (aligned with input_ids: position t
-      scores token t, CONTRACTS.md); differentiable.
+      scores token t, docs/contracts.md); differentiable.
     old_logp: [batch, seq] log pi_old of the same tokens (the policy the ratio is taken to).
     advantages: [batch, seq] per-token advantage (a sequence advantage broadcast to its tokens).
     loss_weights: [batch, seq] 1 for model-generated tokens, 0 for prompt, tool output, padding.

@@ -1,4 +1,4 @@
-"""Metrics of a value model used as a reranker (ALGORITHMS.md section 6).
+"""Metrics of a value model used as a reranker (docs/algorithms.md section 6).
 
 For each task, k candidate trajectories with value scores and resolved labels. Reported as
 SWE-RM (arXiv 2512.21919) and R2E-Gym (arXiv 2504.07164) advise: discrimination (ROC AUC),

@@ -1,4 +1,4 @@
-"""Rubric-based process reward (RPR; ALGORITHMS.md section 5, Orchard arXiv 2605.15040).
+"""Rubric-based process reward (RPR; docs/algorithms.md section 5, Orchard arXiv 2605.15040).
 
 A judge grades a whole trajectory on seven rubrics, each in [0, 1] snapped to steps of 0.1.
 J = clamp(sum_k w_k R_k, 0, 1) and the training reward is R' = R_bin + alpha J with

@@ -1,4 +1,4 @@
-"""Value-model targets and loss (historical experience distillation; ALGORITHMS.md section 6).
+"""Value-model targets and loss (historical experience distillation; docs/algorithms.md section 6).
 
 The value model reads a whole trajectory and predicts P(resolved). Orchard released no formula;
 this project trains with binary cross-entropy between the value logit and the resolved label

@@ -10,7 +10,7 @@ upstream (SGLang or the embedded engine, `SGLangUpstream`) the proxy
    sampled, and appends only the ids of the new messages (tool results, the next user turn,
    the generation prompt): the chat template renders the new text, which is tokenised on its
    own, starting right after the sampled end-of-turn token. History already recorded is never
-   rendered or tokenised again (CASES.md 1 and 2). When the messages do not start with a
+   rendered or tokenised again (docs/cases.md 1 and 2). When the messages do not start with a
    recorded history (the harness edited or compacted it, or changed its tools), the prompt is
    rendered from scratch and a new segment starts;
 2. sends the ids to the engine's `/generate` (token in, token out) with return_logprob;

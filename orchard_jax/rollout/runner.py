@@ -40,7 +40,7 @@ class ModelRunner:
   """Compiled forward passes of one policy model over a shared decode cache.
 
   Args:
-    model: a `models.CausalLM` (any NNX module with the CONTRACTS.md call signature
+    model: a `models.CausalLM` (any NNX module with the docs/contracts.md call signature
       `model(ids, positions, segment_ids, cache=cache) -> (logits, aux, cache)` and
       `model.init_cache(batch, max_len)`).
     decode_moe_dispatch: MoE dispatch path for decode steps ("dense", "sort", "ragged"; see

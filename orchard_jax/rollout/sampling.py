@@ -5,7 +5,7 @@ row carries its own settings, so requests with different sampling parameters sha
 
 The recorded log-prob of a sampled token is log_softmax(logits)[token] of the model's raw
 logits in float32: temperature 1, no top-k/top-p/min-p truncation. That is what the trainer's
-forward pass computes for the same ids (CONTRACTS.md, token alignment), so the recorded
+forward pass computes for the same ids (docs/contracts.md, token alignment), so the recorded
 `old_logprobs` and the trainer's recomputation agree to float32 rounding whatever temperature
 the rollout used. (Importance ratios for a tempered or truncated sampler would need the sampling
 distribution instead; the project trains on the raw policy, as the Orchard recipes do.)

@@ -10,7 +10,7 @@ Formats (`load_format`):
         - one PyTree checkpoint of the parameter dict (`ocp.StandardCheckpointer().save`).
   "auto" / None: "hf" when the folder has config.json and safetensors, "orbax" otherwise.
 Restored arrays take the served parameters' shardings, so a checkpoint written on another
-mesh restores on this one (CASES.md 5).
+mesh restores on this one (docs/cases.md 5).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ it into place only once every file is written, so a run killed during a save lea
 checkpoint as the latest one; the leftover temporary directory is removed on the next start.
 
 Restoring takes an abstract target whose leaves carry the *new* mesh's shardings, so a checkpoint
-written on 8 devices restores on 4 or 1 (CASES.md 5: without that target orbax fails with a
+written on 8 devices restores on 4 or 1 (docs/cases.md 5: without that target orbax fails with a
 topology mismatch).
 """
 import logging

@@ -5,7 +5,7 @@ neither the forward nor the backward pass ever holds [batch, seq, vocab] float32
 logits memory is [batch, chunk_size, vocab] (a 151k vocabulary at seq 64k would otherwise need
 tens of GiB per row).
 
-Alignment follows CONTRACTS.md: logp[b, t] = log_softmax(logits[b, t - 1])[input_ids[b, t]], the
+Alignment follows docs/contracts.md: logp[b, t] = log_softmax(logits[b, t - 1])[input_ids[b, t]], the
 log-prob of token t given the tokens before it in its segment; it is 0 at the first token of
 every segment and on padding (those positions never carry loss).
 """
@@ -110,7 +110,7 @@ def token_logprobs(model: Any, input_ids: jax.Array, positions: jax.Array,
 
   Args:
     model: an orchard_jax.models.CausalLM (anything with hidden_states(...) and logits(hidden)).
-    input_ids, positions, segment_ids: [batch, seq] int32 (CONTRACTS.md packed batch).
+    input_ids, positions, segment_ids: [batch, seq] int32 (docs/contracts.md packed batch).
     chunk_size: sequence positions per LM-head call.
     with_entropy: also compute entropies.
   Returns:

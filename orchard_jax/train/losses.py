@@ -9,7 +9,7 @@ Each loss is a small frozen dataclass with
     ({"load_balancing_loss", "expert_load"} for MoE models, to which the step adds the
     weighted load-balancing term).
 
-Batches are the packed format of CONTRACTS.md: dicts of [batch, seq] arrays.
+Batches are the packed format of docs/contracts.md: dicts of [batch, seq] arrays.
 """
 import dataclasses
 from typing import Any, Optional
@@ -69,7 +69,7 @@ OPD_MODES = ("none", "loss", "reward", "only")
 
 @dataclasses.dataclass(frozen=True)
 class PolicyLoss:
-  """GRPO/DAPO clipped policy loss (ALGORITHMS.md 3), optionally with OPD (ALGORITHMS.md 4).
+  """GRPO/DAPO clipped policy loss (docs/algorithms.md 3), optionally with OPD (docs/algorithms.md 4).
 
   The batch's `old_logprobs` are the log-probs the sampler reported (the behaviour policy).
   Without TIS they are pi_old in the ratio. With `tis_cap`, pi_old is the trainer's own
@@ -181,7 +181,7 @@ class PolicyLoss:
 
 @dataclasses.dataclass(frozen=True)
 class ValueLoss:
-  """Binary cross-entropy of a ValueModel's logits against the resolved label (ALGORITHMS.md 6).
+  """Binary cross-entropy of a ValueModel's logits against the resolved label (docs/algorithms.md 6).
 
   The batch carries `value_labels` [batch, seq] float (the trajectory's resolved label, 1.0 or
   0.0, on its tokens; `data.pack_sequences(..., value_labels=labels)` writes it); the loss

@@ -211,7 +211,7 @@ def build_eval_step(parts: ModelParts, loss: Any, *, mesh: Mesh, param_shardings
 def build_logprob_step(parts: ModelParts, *, mesh: Mesh, param_shardings: dict,
                        chunk_size: int = 512) -> Callable[[dict, dict], jax.Array]:
   """A jitted `(params, batch) -> logp [batch, seq]` of the batch's own tokens (aligned as
-  CONTRACTS.md says), for reference-policy, proximal or teacher log-probs of a packed batch."""
+  docs/contracts.md says), for reference-policy, proximal or teacher log-probs of a packed batch."""
   from orchard_jax.train.logprobs import token_logprobs
 
   def logprobs(params, batch):

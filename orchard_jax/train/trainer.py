@@ -161,7 +161,7 @@ class Trainer:
     if rows % (self.config.microbatches * dp):
       raise TrainError(f"batch has {rows} rows; it must split evenly into "
                        f"{self.config.microbatches} microbatches over {dp} data-parallel devices "
-                       f"(pad with zero-weight rows, CASES.md 4)")
+                       f"(pad with zero-weight rows, docs/cases.md 4)")
     out = {}
     for name, value in batch.items():
       value = np.asarray(value)

@@ -170,7 +170,7 @@ def test_unknown_role_is_a_clear_error(tok):
 
 
 def test_continuation_extends_recorded_ids_without_re_rendering(tok):
-  """CASES.md 1: the next prompt is the recorded ids + the new turns' text, whatever the
+  """docs/cases.md 1: the next prompt is the recorded ids + the new turns' text, whatever the
   template would do to the history (here: a tool result ending in a newline, and a sampled
   answer whose ids are not the ones encode() would give)."""
   tools = [BASH]

@@ -105,7 +105,7 @@ def test_deterministic_given_the_seed():
 
 
 def test_filtered_groups_never_change_the_per_device_shape():
-  """CASES.md 4: 3 of 8 groups dropped -> padding rows with zero weight, same shapes."""
+  """docs/cases.md 4: 3 of 8 groups dropped -> padding rows with zero weight, same shapes."""
   rng = np.random.default_rng(2)
   full = _random_sequences(8 * 4, rng, max_len=100)  # 8 groups of 4 rollouts
   kept = full[: 5 * 4]
@@ -168,7 +168,7 @@ def test_ref_logprobs_on_some_sequences_only_is_an_error():
 def test_value_labels_follow_each_sequence_and_feed_the_value_loss():
   """The value model's batches: each sequence's label on its tokens (0 on padding), exactly the
   `value_labels` key train.ValueLoss reads; the value BCE on those batches equals a NumPy BCE
-  at each sequence's final token written here (ALGORITHMS.md section 6)."""
+  at each sequence's final token written here (docs/algorithms.md section 6)."""
   from orchard_jax import rl
   from orchard_jax.train import ValueLoss
   rng = np.random.default_rng(3)

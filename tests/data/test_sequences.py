@@ -59,7 +59,7 @@ def test_rl_sequence_keeps_sampled_ids_and_aligns_logprobs(tok):
 
 
 def test_re_rendering_the_chat_would_change_the_ids(tok):
-  """CASES.md 1 and 2: rendering the same chat again gives other ids than were sampled."""
+  """docs/cases.md 1 and 2: rendering the same chat again gives other ids than were sampled."""
   calls, _ = _proxy_session(tok)
   (seq,) = sequences_from_model_calls(calls, mode="rl")
   messages = calls[0].messages + [

@@ -47,7 +47,7 @@ def test_bpe_compresses_python_source(tok):
 
 
 def test_decode_then_encode_is_not_the_identity(tok):
-  """CASES.md 2: the reason sampled ids are recorded and never re-encoded."""
+  """docs/cases.md 2: the reason sampled ids are recorded and never re-encoded."""
   word = "return"
   merged = tok.encode(word)
   assert len(merged) < len(word)  # "return" is a frequent token in Python source

@@ -1,6 +1,6 @@
 """Evidence reading, the RPR judges and the credit annotators on trajectories whose evidence
 can be checked by eye (tests/recipes/trajectories.py). Rubric weights, snapping and the
-combination R' = R_bin + alpha J are written again here from ALGORITHMS.md section 5."""
+combination R' = R_bin + alpha J are written again here from docs/algorithms.md section 5."""
 import json
 import math
 
@@ -17,7 +17,7 @@ WEIGHTS = {"fix_quality": 0.15, "reproduction": 0.18, "coverage": 0.12, "rigor":
 
 
 def reference_j(scores: dict) -> float:
-  """J = clamp(sum_k w_k snap(R_k), 0, 1), snapping to 0.1 half up (ALGORITHMS.md 5)."""
+  """J = clamp(sum_k w_k snap(R_k), 0, 1), snapping to 0.1 half up (docs/algorithms.md 5)."""
   total = sum(WEIGHTS[k] * math.floor(scores[k] * 10 + 0.5 + 1e-9) / 10 for k in WEIGHTS)
   return min(max(total, 0.0), 1.0)
 

@@ -1,4 +1,4 @@
-"""Independent NumPy references for the rl tests, written from ALGORITHMS.md, loop by loop."""
+"""Independent NumPy references for the rl tests, written from docs/algorithms.md, loop by loop."""
 import numpy as np
 
 

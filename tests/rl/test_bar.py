@@ -1,4 +1,4 @@
-"""BAR (ALGORITHMS.md section 2): hand-worked examples from its rules, including the order in
+"""BAR (docs/algorithms.md section 2): hand-worked examples from its rules, including the order in
 which n+ values are tried, the [0, 1] fallback and the ranked fallback, and the group filter."""
 import numpy as np
 import pytest
@@ -141,7 +141,7 @@ def test_group_filter_reasons():
 
 
 def test_shaped_reward_hides_no_signal_group():
-  # CASES.md 3: no rollout resolved, yet R' = -1 + 0.5 J differs across the group.
+  # docs/cases.md 3: no rollout resolved, yet R' = -1 + 0.5 J differs across the group.
   group = [ScoredRollout(reward=-1 + 0.5 * j, resolved=False) for j in (0.2, 0.9, 0.5, 0.0)]
   assert rl.group_filter_reasons(group, positive_is_resolved=True) == ["no_positive"]
   # A resolved rollout with a shaped reward counts, whatever its value.

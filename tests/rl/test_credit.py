@@ -1,4 +1,4 @@
-"""Credit-assignment SFT (ALGORITHMS.md section 1): interpolation, credits, rise segments with
+"""Credit-assignment SFT (docs/algorithms.md section 1): interpolation, credits, rise segments with
 eps, per-token weights for resolved vs unresolved trajectories, and the trajectory filters."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""On-policy distillation terms (ALGORITHMS.md section 4) against NumPy written from the
+"""On-policy distillation terms (docs/algorithms.md section 4) against NumPy written from the
 definitions, in probability space where the definition is a mixture."""
 import jax
 import jax.numpy as jnp

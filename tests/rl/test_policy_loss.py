@@ -1,4 +1,4 @@
-"""The clipped policy loss against a NumPy re-implementation of ALGORITHMS.md section 3, its
+"""The clipped policy loss against a NumPy re-implementation of docs/algorithms.md section 3, its
 gradient against finite differences, and properties (hypothesis)."""
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""RPR (ALGORITHMS.md section 5): snapping, weights, clamp, R' = R_bin + alpha J, judge failure."""
+"""RPR (docs/algorithms.md section 5): snapping, weights, clamp, R' = R_bin + alpha J, judge failure."""
 import numpy as np
 import pytest
 

@@ -1,4 +1,4 @@
-"""Value-model BCE targets (ALGORITHMS.md section 6) against NumPy."""
+"""Value-model BCE targets (docs/algorithms.md section 6) against NumPy."""
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
 """The recording proxy: recorded ids are the sampled ids, prompts extend the recorded history
-(CASES.md 1 and 2), divergent histories start a new segment, text-only upstreams."""
+(docs/cases.md 1 and 2), divergent histories start a new segment, text-only upstreams."""
 import json
 
 import fastapi
@@ -63,7 +63,7 @@ def test_agent_session_with_tool_calls_records_sampled_ids(agent_engine, stack, 
     assert call.function.name == "bash" and json.loads(call.function.arguments) == {
       "command": command}
     messages.append(choice.message.model_dump(exclude_none=True))
-    if i < len(OUTPUTS):  # tool results end with a newline (CASES.md 1)
+    if i < len(OUTPUTS):  # tool results end with a newline (docs/cases.md 1)
       messages.append({"role": "tool", "tool_call_id": call.id, "content": OUTPUTS[i]})
   records = _assert_records_are_the_sampled_ids(proxy, store, upstream, "agent-1")
   assert [r.call_index for r in records] == [0, 1, 2]
@@ -87,7 +87,7 @@ def test_agent_session_with_tool_calls_records_sampled_ids(agent_engine, stack, 
 
 def test_random_policy_session_never_retokenises(stack, tokenizer):
   """With a random policy at temperature 1 the sampled ids are arbitrary: decoding then
-  re-encoding them, or re-rendering the history, gives other ids (CASES.md 1 and 2); the records
+  re-encoding them, or re-rendering the history, gives other ids (docs/cases.md 1 and 2); the records
   keep the ids as sampled."""
   proxy, store, upstream = stack
   client = _client(proxy, "random-1")

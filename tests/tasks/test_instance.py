@@ -1,4 +1,4 @@
-"""SWE-bench instance schema and I/O: JSONL, JSON-encoded test lists (CASES.md 6), datasets."""
+"""SWE-bench instance schema and I/O: JSONL, JSON-encoded test lists (docs/cases.md 6), datasets."""
 import datetime
 import json
 
@@ -20,7 +20,7 @@ def _record(**overrides):
 
 
 def test_json_encoded_test_lists_are_normalised_to_lists(tmp_path):
-  # As published Hugging Face copies of SWE-bench store them (CASES.md 6).
+  # As published Hugging Face copies of SWE-bench store them (docs/cases.md 6).
   record = _record(FAIL_TO_PASS='["tests/test_x.py::test_a", "tests/test_x.py::test_c"]',
                    PASS_TO_PASS="[]")
   path = tmp_path / "instances.jsonl"

@@ -1,5 +1,5 @@
 """Test-log parsing on a real pytest log (passes, failures, errors, skips, xfails) and grading by
-SWE-bench's rules (ALGORITHMS.md section 7), with the expected values written out by hand."""
+SWE-bench's rules (docs/algorithms.md section 7), with the expected values written out by hand."""
 import subprocess
 import sys
 import textwrap

@@ -1,5 +1,5 @@
 """One package environment: the sdist's repository, a venv with its test dependencies, and the
-image directory (CONTRACTS.md "Env images") that sandboxes start from.
+image directory (docs/contracts.md "Env images") that sandboxes start from.
 
 Layout under the cache folder (`~/.cache/orchard_jax/swe/envs/<name>-<version>/`):
 

@@ -1,4 +1,4 @@
-"""SWE-bench-style evaluation of predictions in fresh sandboxes (ALGORITHMS.md section 7).
+"""SWE-bench-style evaluation of predictions in fresh sandboxes (docs/algorithms.md section 7).
 
 For each instance, in a sandbox of its own started from the instance's image:
   1. put the workspace at `base_commit` (`testbed.setup_script`);

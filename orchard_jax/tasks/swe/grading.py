@@ -1,4 +1,4 @@
-"""SWE-bench grading: from per-test statuses to resolved / partial / unresolved (ALGORITHMS.md 7).
+"""SWE-bench grading: from per-test statuses to resolved / partial / unresolved (docs/algorithms.md 7).
 
 The test-by-test report and the resolution status come from SWE-bench's own grading functions
 (`swebench.harness.grading.get_eval_tests_report` and `get_resolution_status`), so the rules are

@@ -37,7 +37,7 @@ class TestSpec:
   """How and where one instance is evaluated (orchard_jax's extension of the SWE-bench schema).
 
   Attributes:
-    image: the sandbox image: an image directory's absolute path (local backend, CONTRACTS.md
+    image: the sandbox image: an image directory's absolute path (local backend, docs/contracts.md
       "Env images"), "host", or a container image reference (Kubernetes backend).
     workdir: where the repository lives inside the sandbox (SWE-bench's "/testbed").
     test_cmd: the command that runs tests, without test arguments; the evaluator appends
@@ -98,11 +98,11 @@ class TestSpec:
 
 @dataclasses.dataclass(frozen=True)
 class SWEInstance:
-  """One SWE-bench task instance (ALGORITHMS.md section 7 lists the fields).
+  """One SWE-bench task instance (docs/algorithms.md section 7 lists the fields).
 
   Use `SWEInstance.from_dict` to build one from a record with validation; FAIL_TO_PASS and
   PASS_TO_PASS may be lists or JSON-encoded strings of lists (as some Hugging Face copies of
-  SWE-bench store them, CASES.md 6) and are normalised to tuples of test names.
+  SWE-bench store them, docs/cases.md 6) and are normalised to tuples of test names.
   """
   instance_id: str
   repo: str

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs everything orchard_jax needs on a Debian/Ubuntu machine: system packages, Python
+# packages, and the command-line tools that run inside sandboxes. Works as root (no sudo needed)
+# and as a user with sudo. Safe to run again: what is already there is kept.
+#
+#   bash launch/install.sh            # everything
+#   ORCHARD_INSTALL_SKIP=apt bash launch/install.sh    # skip a step: apt, pip, npm (comma list)
+#
+# Each step prints one line; a failing step stops the script with its command's error.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+skip=",${ORCHARD_INSTALL_SKIP:-},"
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"
+  elif command -v sudo >/dev/null; then sudo "$@"
+  else echo "install.sh: '$*' needs root: run as root or install sudo" >&2; exit 1
+  fi
+}
+
+# System packages (Debian names). bubblewrap: the local sandbox backend; redis-server: the
+# multi-replica env store; git, patch: inside SWE task sandboxes.
+apt_packages=(bubblewrap redis-server git patch)
+if [[ $skip != *,apt,* ]]; then
+  missing=()
+  for p in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "install.sh: system packages: ${missing[*]}"
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  else
+    echo "install.sh: system packages: all present"
+  fi
+fi
+
+if [[ $skip != *,pip,* ]]; then
+  echo "install.sh: Python packages (requirements.txt)"
+  python -m pip install -q -r requirements.txt
+fi
+
+echo "install.sh: done"
