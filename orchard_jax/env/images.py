@@ -12,13 +12,18 @@ An image is one of (docs/contracts.md "Env images"):
 
         {"version": 1,
          "base": "host",                    # or "rootfs": the directory itself is the root
+         "rootfs": "/abs/rootfs",           # with base "rootfs": a shared root filesystem
+                                            # to use instead of the directory itself (optional)
          "binds": {"venv": "/opt/venv"},    # <path in image dir> -> <mount point>, read-only
          "workdir": "/testbed",             # the private writable workspace (default /workspace)
          "env": {"PATH": "/opt/venv/bin:/usr/bin:/bin"},
          "workspace_seed": "repo"}          # copied into the workspace at creation (optional)
 
-  Every path in `binds` and `workspace_seed` is relative to the image directory and may not
-  leave it (symlinks included). Everything from the image is read-only; the workspace at
+  A relative path in `binds` or `workspace_seed` is inside the image directory and may not
+  leave it (symlinks included). A bind source and `rootfs` may also be absolute paths to
+  content shared by many images (a Debian root filesystem, an interpreter, a venv); those must
+  lie under an allowed image root too, like the image directory itself, so a sandbox sees only
+  what lies under the roots. Everything from the image is read-only; the workspace at
   `workdir` is private to each sandbox and writable.
 - anything else is a container image reference (`python:3.11-slim`), for the Kubernetes backend.
 
@@ -35,7 +40,7 @@ from orchard_jax.env.errors import ImageError, ImageNotAllowed
 IMAGE_MANIFEST = "image.json"
 MANIFEST_VERSION = 1
 DEFAULT_WORKDIR = "/workspace"
-_MANIFEST_KEYS = {"version", "base", "binds", "workdir", "env", "workspace_seed"}
+_MANIFEST_KEYS = {"version", "base", "rootfs", "binds", "workdir", "env", "workspace_seed"}
 _FORBIDDEN_MOUNTS = ("/proc", "/dev", "/sys")
 
 
@@ -74,16 +79,19 @@ def default_cache_dir() -> str:
 
 def write_image_manifest(folder: str, *, base: str = "host", binds: Optional[dict] = None,
                          workdir: str = DEFAULT_WORKDIR, env: Optional[dict] = None,
-                         workspace_seed: Optional[str] = None) -> str:
+                         workspace_seed: Optional[str] = None,
+                         rootfs: Optional[str] = None) -> str:
   """Writes `folder/image.json` in the image-directory format (see the module docstring).
 
   Args:
     folder: the image directory (created if missing).
     base: "host" or "rootfs".
-    binds: {path relative to folder: absolute mount point}.
+    binds: {path relative to folder, or an absolute path of shared content: mount point}.
     workdir: absolute path of the writable workspace inside the sandbox.
     env: environment variables for every command.
     workspace_seed: path relative to folder copied into the workspace at creation.
+    rootfs: with base "rootfs", the absolute path of a shared root filesystem (default: the
+      folder itself is the root).
   Returns:
     The manifest's path.
   Raises:
@@ -94,6 +102,8 @@ def write_image_manifest(folder: str, *, base: str = "host", binds: Optional[dic
               "workdir": workdir, "env": dict(env or {})}
   if workspace_seed is not None:
     manifest["workspace_seed"] = workspace_seed
+  if rootfs is not None:
+    manifest["rootfs"] = rootfs
   _check_manifest(os.path.realpath(folder), manifest)
   path = os.path.join(folder, IMAGE_MANIFEST)
   tmp = path + ".tmp"
@@ -141,7 +151,7 @@ def resolve_image(image: str, *, allowed_roots: Sequence[str],
         manifest = json.load(f)
     except (OSError, ValueError) as e:
       raise ImageError(f"{manifest_path} is not valid JSON: {e}") from None
-    return _spec_from_manifest(image, real, manifest)
+    return _spec_from_manifest(image, real, manifest, roots)
   if not _looks_like_rootfs(real):
     raise ImageError(f"image directory {image!r} has no {IMAGE_MANIFEST} and is not a root "
                      f"filesystem (no bin/sh or usr/bin/sh in it)")
@@ -152,15 +162,31 @@ def _looks_like_rootfs(folder):
   return any(os.path.lexists(os.path.join(folder, p)) for p in ("bin/sh", "usr/bin/sh"))
 
 
-def _inside(folder, rel, what):
+def _inside(folder, rel, what, roots=None):
   if not isinstance(rel, str) or not rel:
     raise ImageError(f"{what} must be a non-empty path relative to the image directory; got {rel!r}")
+  if os.path.isabs(rel):
+    return _shared(rel, what, roots)
   path = os.path.realpath(os.path.join(folder, rel))
   if path != folder and not path.startswith(folder + "/"):
     raise ImageError(f"{what} {rel!r} leaves the image directory {folder!r} (resolves to {path!r})")
   if not os.path.exists(path):
     raise ImageError(f"{what} {rel!r} does not exist in the image directory {folder!r}")
   return path
+
+
+def _shared(path, what, roots):
+  """An absolute path of shared content: it must exist and, when `roots` is given (resolving
+  for a sandbox rather than writing), lie under one of them."""
+  real = os.path.realpath(path)
+  if roots is not None and not any(real == r or real.startswith(r.rstrip("/") + "/")
+                                   for r in roots):
+    raise ImageNotAllowed(f"{what} {path!r} (resolved to {real!r}) is outside the allowed "
+                          f"image roots {list(roots)}", details={"path": path,
+                                                                  "allowed_roots": list(roots)})
+  if not os.path.exists(real):
+    raise ImageError(f"{what} {path!r} does not exist")
+  return real
 
 
 def _check_mount_point(point, what):
@@ -172,7 +198,7 @@ def _check_mount_point(point, what):
   return norm
 
 
-def _check_manifest(folder, manifest):
+def _check_manifest(folder, manifest, roots=None):
   if not isinstance(manifest, dict):
     raise ImageError(f"{IMAGE_MANIFEST} must hold a JSON object; got {type(manifest).__name__}")
   unknown = set(manifest) - _MANIFEST_KEYS
@@ -191,23 +217,31 @@ def _check_manifest(folder, manifest):
                      f"points; got {binds!r}")
   out_binds = []
   for rel, point in binds.items():
-    out_binds.append((_inside(folder, rel, "bind source"), _check_mount_point(point, "mount point")))
+    out_binds.append((_inside(folder, rel, "bind source", roots),
+                      _check_mount_point(point, "mount point")))
   workdir = _check_mount_point(manifest.get("workdir", DEFAULT_WORKDIR), "workdir")
   env = manifest.get("env", {})
   if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                           for k, v in env.items()):
     raise ImageError(f"{IMAGE_MANIFEST} env must map strings to strings; got {env!r}")
   seed = manifest.get("workspace_seed")
-  seed_path = None if seed is None else _inside(folder, seed, "workspace_seed")
+  seed_path = None if seed is None else _inside(folder, seed, "workspace_seed", roots)
   if seed_path is not None and not os.path.isdir(seed_path):
     raise ImageError(f"workspace_seed {seed!r} must be a directory")
-  if base == "rootfs" and not _looks_like_rootfs(folder):
-    raise ImageError(f"{IMAGE_MANIFEST} says base 'rootfs' but {folder!r} has no bin/sh")
-  return base, tuple(out_binds), workdir, tuple(sorted(env.items())), seed_path
+  root = folder
+  if manifest.get("rootfs") is not None:
+    if base != "rootfs" or not isinstance(manifest["rootfs"], str) or not os.path.isabs(
+        manifest["rootfs"]):
+      raise ImageError(f"{IMAGE_MANIFEST} rootfs must be an absolute path, with base 'rootfs'; "
+                       f"got base {base!r}, rootfs {manifest['rootfs']!r}")
+    root = _shared(manifest["rootfs"], "rootfs", roots)
+  if base == "rootfs" and not _looks_like_rootfs(root):
+    raise ImageError(f"{IMAGE_MANIFEST} says base 'rootfs' but {root!r} has no bin/sh")
+  return base, tuple(out_binds), workdir, tuple(sorted(env.items())), seed_path, root
 
 
-def _spec_from_manifest(image, folder, manifest):
-  base, binds, workdir, env, seed = _check_manifest(folder, manifest)
+def _spec_from_manifest(image, folder, manifest, roots):
+  base, binds, workdir, env, seed, root = _check_manifest(folder, manifest, roots)
   return ImageSpec(source=image, kind="rootfs" if base == "rootfs" else "layer",
-                   root=folder if base == "rootfs" else None, binds=binds, workdir=workdir,
+                   root=root if base == "rootfs" else None, binds=binds, workdir=workdir,
                    env=env, workspace_seed=seed)

@@ -92,6 +92,29 @@ def test_image_guards(tmp_path):
     images.resolve_image("python:3.11-slim", allowed_roots=[str(root)])
 
 
+def test_image_shared_rootfs_and_absolute_binds_stay_under_the_roots(tmp_path):
+  # Task images share one Debian root filesystem and one interpreter: absolute paths, allowed
+  # only under an image root, like the image directory itself.
+  root = tmp_path / "images"
+  (root / "rootfs" / "bin").mkdir(parents=True)
+  (root / "rootfs" / "bin" / "sh").write_text("")
+  (root / "python").mkdir()
+  (root / "task" / "seed").mkdir(parents=True)
+  images.write_image_manifest(str(root / "task"), base="rootfs", rootfs=str(root / "rootfs"),
+                              binds={str(root / "python"): "/opt/python"}, workspace_seed="seed")
+  spec = images.resolve_image(str(root / "task"), allowed_roots=[str(root)])
+  assert spec.kind == "rootfs" and spec.root == str(root / "rootfs")
+  assert spec.binds == ((str(root / "python"), "/opt/python"),)
+  outside = tmp_path / "host-python"
+  outside.mkdir()
+  images.write_image_manifest(str(root / "task"), base="rootfs", rootfs=str(root / "rootfs"),
+                              binds={str(outside): "/opt/python"})
+  with pytest.raises(orchard_env.ImageNotAllowed, match="bind source .* outside the allowed"):
+    images.resolve_image(str(root / "task"), allowed_roots=[str(root)])
+  with pytest.raises(orchard_env.ImageError, match="rootfs must be an absolute path"):
+    images.write_image_manifest(str(root / "task"), base="host", rootfs=str(root / "rootfs"))
+
+
 def test_image_layer_runs_with_its_binds_env_and_seeded_workspace(tmp_path):
   root = tmp_path / "images"
   image = root / "tool"
