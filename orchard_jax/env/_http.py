@@ -80,9 +80,11 @@ def resolve(url: Optional[str], api_key: Optional[str]) -> tuple:
 
 
 def create_body(image, cpu, memory, disk, pids, timeout, heartbeat_timeout, network, env,
-                labels, workdir) -> dict:
+                labels, workdir, egress=()) -> dict:
   body = {"image": image, "network": network, "env": dict(env or {}),
           "labels": dict(labels or {})}
+  if egress:
+    body["egress"] = list(egress)
   for key, value in (("cpu", cpu), ("memory", memory), ("disk", disk), ("pids", pids),
                      ("timeout", timeout), ("heartbeat_timeout", heartbeat_timeout),
                      ("workdir", workdir)):

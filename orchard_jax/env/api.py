@@ -14,6 +14,8 @@ from typing import Optional, Union
 
 import pydantic
 
+from orchard_jax.env import egress as _egress
+
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 _QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?)?b?\s*$", re.IGNORECASE)
@@ -71,7 +73,11 @@ class CreateSandbox(_Model):
   timeout: Optional[float] = pydantic.Field(None, gt=0, description="lifetime (TTL) in seconds")
   heartbeat_timeout: Optional[float] = pydantic.Field(
       None, gt=0, description="delete when no heartbeat or exec for this many seconds")
-  network: bool = False
+  network: bool = pydantic.Field(
+      False, description="outbound network access (never the host's loopback services)")
+  egress: list[str] = pydantic.Field(
+      [], description="endpoints the sandbox may reach whatever `network` says, e.g. "
+      "'http://127.0.0.1:8123' (see orchard_jax.env.egress)")
   env: dict[str, str] = {}
   labels: dict[str, str] = {}
   workdir: Optional[str] = None
@@ -88,6 +94,11 @@ class CreateSandbox(_Model):
   @classmethod
   def _bytes(cls, v, info):
     return parse_bytes(v, info.field_name)
+
+  @pydantic.field_validator("egress")
+  @classmethod
+  def _egress(cls, v):
+    return [e.origin for e in _egress.parse_endpoints(v)]
 
   @pydantic.field_validator("workdir")
   @classmethod

@@ -11,11 +11,12 @@ import asyncio
 import os
 import secrets
 import time
-from typing import Optional, Union
+from typing import Optional, Union, Sequence
 
 import httpx
 
 from orchard_jax.env import _http
+from orchard_jax.env import egress as _egress
 from orchard_jax.env.errors import EnvError, NotFound, PatchError, SandboxNotFound
 from orchard_jax.env.results import ExecResult, PatchResult
 
@@ -73,6 +74,7 @@ class AsyncSandboxClient:
   async def create_sandbox(self, image: str = "host", *, cpu=None, memory=None, disk=None,
                            pids: Optional[int] = None, timeout: Optional[float] = None,
                            heartbeat_timeout: Optional[float] = None, network: bool = False,
+                           egress: Sequence[str] = (),
                            env: Optional[dict] = None, labels: Optional[dict] = None,
                            workdir: Optional[str] = None, wait: bool = True,
                            wait_timeout: float = 300.0) -> "AsyncSandbox":
@@ -80,7 +82,7 @@ class AsyncSandboxClient:
     labels = dict(labels or {}, **{_http.CLIENT_LABEL: self.client_id})
     self._created_any = True
     body = _http.create_body(image, cpu, memory, disk, pids, timeout, heartbeat_timeout,
-                             network, env, labels, workdir)
+                             network, env, labels, workdir, egress)
     if wait:   # the service waits up to _POLL_SECONDS in the same request
       body.update(wait=True, wait_timeout=min(_POLL_SECONDS, wait_timeout))
     info = await self._json("POST", "/v1/sandboxes", json=body, timeout=_POLL_SECONDS + _HTTP_MARGIN)
@@ -155,6 +157,15 @@ class AsyncSandbox:
   @property
   def state(self) -> str:
     return self.info.get("state")
+
+  @property
+  def egress(self) -> list:
+    """The allow-list with each endpoint's address inside the sandbox (see Sandbox.egress)."""
+    return list(self.info.get("egress") or [])
+
+  def egress_url(self, url: str) -> str:
+    """The URL to use inside the sandbox for `url` (see Sandbox.egress_url)."""
+    return _egress.rewrite_url(url, self.egress)
 
   def __repr__(self):
     return f"AsyncSandbox({self.id!r}, state={self.state!r})"

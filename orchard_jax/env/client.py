@@ -14,11 +14,12 @@ import signal
 import threading
 import secrets
 import time
-from typing import Optional, Union
+from typing import Optional, Union, Sequence
 
 import httpx
 
 from orchard_jax.env import _http
+from orchard_jax.env import egress as _egress
 from orchard_jax.env.errors import EnvError, NotFound, PatchError, SandboxNotFound
 from orchard_jax.env.results import ExecResult, PatchResult
 
@@ -93,6 +94,7 @@ class SandboxClient:
   def create_sandbox(self, image: str = "host", *, cpu=None, memory=None, disk=None,
                      pids: Optional[int] = None, timeout: Optional[float] = None,
                      heartbeat_timeout: Optional[float] = None, network: bool = False,
+                     egress: Sequence[str] = (),
                      env: Optional[dict] = None, labels: Optional[dict] = None,
                      workdir: Optional[str] = None, wait: bool = True,
                      wait_timeout: float = 300.0) -> "Sandbox":
@@ -102,7 +104,11 @@ class SandboxClient:
       image: "host", an image directory, or a container image (see orchard_jax.env.images).
       cpu: cores (1.5 or "500m"); memory, disk: bytes or quantities ("1Gi"); pids: processes.
       timeout: lifetime in seconds (TTL); heartbeat_timeout: delete after this much silence.
-      network: True allows network access (blocked by default).
+      network: True gives outbound network access (default: none). The host's loopback
+        services are never reachable.
+      egress: endpoints the sandbox may reach whatever `network` says (the allow-list), e.g.
+        ["http://127.0.0.1:8123"] for a recording proxy on this host. `Sandbox.egress_url`
+        then gives the URL to use inside the sandbox (see orchard_jax.env.egress).
       env: environment for every command; labels: string labels.
       workdir: the writable workspace path (default: the image's).
       wait: return only once the sandbox is ready (raises SandboxFailed if it fails).
@@ -112,7 +118,7 @@ class SandboxClient:
     labels = dict(labels or {}, **{_http.CLIENT_LABEL: self.client_id})
     self._created_any = True
     body = _http.create_body(image, cpu, memory, disk, pids, timeout, heartbeat_timeout,
-                             network, env, labels, workdir)
+                             network, env, labels, workdir, egress)
     if wait:   # the service waits up to _POLL_SECONDS in the same request
       body.update(wait=True, wait_timeout=min(_POLL_SECONDS, wait_timeout))
     info = self._json("POST", "/v1/sandboxes", json=body, timeout=_POLL_SECONDS + _HTTP_MARGIN)
@@ -200,6 +206,17 @@ class Sandbox:
   @property
   def state(self) -> str:
     return self.info.get("state")
+
+  @property
+  def egress(self) -> list:
+    """The allow-list: [{"endpoint": as given (canonical), "url": the same endpoint as
+    reached from inside the sandbox}]."""
+    return list(self.info.get("egress") or [])
+
+  def egress_url(self, url: str) -> str:
+    """The URL a program inside the sandbox uses to reach `url` (whose endpoint must be in
+    the allow-list; path and query are kept). Raises ValueError otherwise."""
+    return _egress.rewrite_url(url, self.egress)
 
   def __repr__(self):
     return f"Sandbox({self.id!r}, state={self.state!r}, image={self.info.get('image')!r})"

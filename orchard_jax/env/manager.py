@@ -172,7 +172,8 @@ class SandboxManager:
                        cpu=request.cpu if request.cpu is not None else cfg.default_cpu,
                        memory=request.memory if request.memory is not None else cfg.default_memory,
                        disk=request.disk if request.disk is not None else cfg.default_disk,
-                       pids=request.pids, network=request.network, env=dict(request.env),
+                       pids=request.pids, network=request.network,
+                       egress=list(request.egress), env=dict(request.env),
                        labels=dict(request.labels), workdir=request.workdir)
     image_info = self.backend.validate(spec)
     live = await self.store.count(_store.SANDBOX)
@@ -183,7 +184,8 @@ class SandboxManager:
     sandbox_id = "sbx-" + secrets.token_hex(6)
     record = {"id": sandbox_id, "state": PENDING, "image": spec.image, "cpu": spec.cpu,
               "memory": spec.memory, "disk": spec.disk, "pids": spec.pids,
-              "network": spec.network, "env": spec.env, "labels": spec.labels,
+              "network": spec.network, "egress": image_info.get("egress", []),
+              "env": spec.env, "labels": spec.labels,
               "workdir": image_info["workdir"], "image_env": image_info.get("env", {}),
               "created_at": now, "ready_at": None, "expires_at": now + timeout,
               "timeout": timeout, "heartbeat_timeout": request.heartbeat_timeout,

@@ -9,10 +9,14 @@ a real API server rejects malformed objects (422).
 The kubelet part runs each pod for real: the init container's command and then the sandbox
 container's command run inside bubblewrap with a host view of the filesystem (the "images"),
 emptyDir volumes (the workspace as a tmpfs of its sizeLimit), the pod's env with fieldRef and
-$(VAR) expansion, the memory limit and a node pids limit in a cgroup, and a network namespace
-unless a NetworkPolicy allows the pod's egress. Pod IPs are 127.0.x.y; for a pod without network
-the agent is reached through a unix socket relayed from <pod ip>:<port> on the host (the stand-in
-for a CNI). The agent image is a folder holding the agent bundle (orchard_jax.env.agent.bundle).
+$(VAR) expansion, hostAliases in /etc/hosts, the memory limit and a node pids limit in a
+cgroup, and a network namespace of its own. Pod IPs are 127.0.x.y; the agent is reached through
+a unix socket relayed from <pod ip>:<port> on the host (the stand-in for a CNI). Egress follows
+the NetworkPolicies that select the pod, as a CNI would enforce them: none by default; an
+internet rule (0.0.0.0/0 with exceptions) gives the pod slirp4netns with the host's loopback
+unreachable (the exceptions themselves are not enforced here); an ipBlock /32 rule with a TCP
+port is relayed from that address and port inside the pod to the same address on the host.
+The agent image is a folder holding the agent bundle (orchard_jax.env.agent.bundle).
 """
 import asyncio
 import contextlib
@@ -34,12 +38,14 @@ import uvicorn
 from fastapi import responses
 
 from orchard_jax.env.agent.bundle import build_bundle
+from orchard_jax.env.backends import _network
 from orchard_jax.env.backends._cgroups import CgroupManager
 from orchard_jax.env.api import parse_bytes
 
 K8S_VERSION = "1.30.0"
 NODE_PIDS_LIMIT = 256
 NEVER_READY_IMAGE = "never-ready:latest"
+_INFO_FD = "<info fd>"
 _HOST_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt")
 
 
@@ -70,6 +76,8 @@ class _Pod:
     self.forwarder = None
     self.folder = None
     self.task = None
+    self.slirp = None
+    self.relay = None
 
 
 class FakeCluster:
@@ -236,14 +244,31 @@ class FakeCluster:
     return app
 
   # ------------------------------------------------------------------ kubelet
-  def _egress_allowed(self, labels):
-    """NetworkPolicy semantics for egress: allowed if no Egress policy selects the pod, or
-    one that selects it allows something."""
+  def _egress(self, labels):
+    """NetworkPolicy semantics for egress: the union of the rules of the Egress policies that
+    select the pod (everything when none does). Returns (internet: bool, [(ip, port)])."""
     selecting = [p for p in self.objects["networkpolicies"].values()
                  if "Egress" in p["spec"].get("policyTypes", [])
                  and _selected(labels, ",".join(f"{k}={v}" for k, v in
                                                 p["spec"]["podSelector"].get("matchLabels", {}).items()))]
-    return not selecting or any(p["spec"].get("egress") for p in selecting)
+    if not selecting:
+      return True, []
+    internet, endpoints = False, []
+    for policy in selecting:
+      for rule in policy["spec"].get("egress") or []:
+        peers = rule.get("to")
+        if not peers:
+          internet = True
+          continue
+        for peer in peers:
+          cidr = peer.get("ipBlock", {}).get("cidr", "")
+          if cidr in ("0.0.0.0/0", "::/0"):
+            internet = True
+          elif cidr.endswith(("/32", "/128")):
+            for port in rule.get("ports", []):
+              if port.get("protocol", "TCP") == "TCP":
+                endpoints.append((cidr.rsplit("/", 1)[0], int(port["port"])))
+    return internet, endpoints
 
   async def _set_status(self, pod, **status):
     if pod["metadata"]["name"] not in self.objects["pods"]:
@@ -252,8 +277,10 @@ class FakeCluster:
     await self._emit("MODIFIED", pod)
 
   def _argv(self, container, pod, handle, volumes, network):
+    """bwrap for one container; `network` False gives it a network namespace of its own
+    (the sandbox container always; the init container runs on the host's)."""
     argv = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
-            "--cap-drop", "ALL", "--hostname", pod["metadata"]["name"][:63]]
+            "--cap-drop", "ALL", "--hostname", pod["metadata"]["name"][:63], "--info-fd", _INFO_FD]
     if not network:
       argv.append("--unshare-net")
     prefix = os.path.realpath(sys.base_prefix)
@@ -268,6 +295,16 @@ class FakeCluster:
     if agent_image:
       argv += ["--ro-bind", self.agent_image_dir, "/opt/orchard-agent"]
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    hosts = "".join(f"{a['ip']}\t{' '.join(a['hostnames'])}\n"
+                    for a in pod["spec"].get("hostAliases", []))
+    if hosts:   # the kubelet writes hostAliases into the pod's /etc/hosts
+      with open(os.path.join(handle.folder, "hosts"), "w") as f:
+        f.write("127.0.0.1\tlocalhost\n" + hosts)
+      argv += ["--ro-bind", os.path.join(handle.folder, "hosts"), "/etc/hosts"]
+    if not network:
+      with open(os.path.join(handle.folder, "resolv.conf"), "w") as f:
+        f.write(f"nameserver {_network.SLIRP_DNS}\n")
+      argv += ["--ro-bind", os.path.join(handle.folder, "resolv.conf"), "/etc/resolv.conf"]
     for mount in container.get("volumeMounts", []):
       volume = volumes[mount["name"]]
       if "emptyDir" in volume and volume["emptyDir"].get("sizeLimit"):
@@ -295,14 +332,21 @@ class FakeCluster:
     return argv + ["--"] + command
 
   async def _start(self, argv, cgroup_procs):
+    """Starts bwrap; returns (process, pid of the container's first process)."""
     def join():
       for path in cgroup_procs:
         with open(path, "w") as f:
           f.write(str(os.getpid()))
-    return await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                stdout=asyncio.subprocess.DEVNULL,
-                                                stderr=asyncio.subprocess.PIPE,
-                                                preexec_fn=join, start_new_session=True)
+    info_r, info_w = os.pipe()
+    try:
+      process = await asyncio.create_subprocess_exec(
+          *[str(info_w) if a == _INFO_FD else a for a in argv], stdin=asyncio.subprocess.DEVNULL,
+          stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+          preexec_fn=join, pass_fds=(info_w,), start_new_session=True)
+    finally:
+      os.close(info_w)
+    data = await asyncio.to_thread(_read_json, info_r)
+    return process, data.get("child-pid")
 
   async def _run_pod(self, pod, handle):
     name = pod["metadata"]["name"]
@@ -313,22 +357,39 @@ class FakeCluster:
     if main["image"] == NEVER_READY_IMAGE:
       return   # an image that never pulls: the pod stays Pending
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
-    network = self._egress_allowed(pod["metadata"].get("labels", {}))
+    network = self._egress(pod["metadata"].get("labels", {}))
     limits = main.get("resources", {}).get("limits", {})
     memory = parse_bytes(limits["memory"]) if "memory" in limits else None
     procs = self.cgroups.create(name, cpu=None, memory=memory, pids=NODE_PIDS_LIMIT)
     for init in spec.get("initContainers", []):
-      process = await self._start(self._argv(init, pod, handle, volumes, True), procs)
+      process, _ = await self._start(self._argv(init, pod, handle, volumes, True), procs)
       _, err = await process.communicate()
       if process.returncode != 0:
         await self._set_status(pod, phase="Failed", reason="InitContainerFailed",
                                message=err.decode(errors="replace")[-500:])
         return
-    handle.process = await self._start(self._argv(main, pod, handle, volumes, network), procs)
+    handle.process, child = await self._start(self._argv(main, pod, handle, volumes, False),
+                                              procs)
     port = main["ports"][0]["containerPort"]
-    if not network:
-      handle.forwarder = await asyncio.start_server(
-          lambda r, w: _relay(r, w, handle.folder + "/run/agent.sock"), handle.ip, port)
+    handle.forwarder = await asyncio.start_server(
+        lambda r, w: _relay(r, w, handle.folder + "/run/agent.sock"), handle.ip, port)
+    internet, endpoints = network
+    if child and internet:   # the CNI: outbound access, the host's loopback unreachable
+      ready_r, ready_w = os.pipe()
+      try:
+        handle.slirp = await asyncio.create_subprocess_exec(
+            *_network.slirp_argv(_network.slirp4netns(), child, userns=False, sandboxed=False,
+                                 ready_fd=ready_w, exit_fd=None),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=open(os.path.join(handle.folder, "slirp.log"), "wb"), pass_fds=(ready_w,))
+      finally:
+        os.close(ready_w)
+      await asyncio.to_thread(_read_json, ready_r)   # "1" once configured, or EOF
+    if child and endpoints:
+      handle.relay = _network.EgressRelay(name)
+      for ip, endpoint_port in endpoints:
+        sock = await asyncio.to_thread(_listen_in, child, ip, endpoint_port)
+        await handle.relay.add(sock, (ip, endpoint_port))
     await self._set_status(pod, phase="Pending", containerStatuses=[
         {"name": "sandbox", "ready": False, "restartCount": 0, "image": main["image"],
          "imageID": "", "state": {"running": {"startedAt": _now()}}}])
@@ -367,9 +428,59 @@ class FakeCluster:
         os.killpg(handle.process.pid, signal.SIGKILL)
     if handle.forwarder is not None:
       handle.forwarder.close()
+    if handle.relay is not None:
+      await handle.relay.close()
+    if handle.slirp is not None and handle.slirp.returncode is None:
+      with contextlib.suppress(ProcessLookupError):
+        handle.slirp.kill()
+      await handle.slirp.wait()
     await asyncio.to_thread(self.cgroups.remove, name)
     if handle.folder:
       shutil.rmtree(handle.folder, ignore_errors=True)
+
+
+def _read_json(fd):
+  with os.fdopen(fd, "rb") as f:
+    data = f.read()
+  try:
+    return json.loads(data) if data else {}
+  except ValueError:
+    return {}
+
+
+def _listen_in(pid, host, port):
+  """A socket listening at host:port in the network namespace of `pid` (made by a thread of
+  its own that enters the namespace and leaves it again)."""
+  import ctypes
+  libc = ctypes.CDLL(None, use_errno=True)
+  result = {}
+
+  def run():
+    target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+      if libc.setns(target, 0x40000000) != 0:
+        raise OSError(ctypes.get_errno(), "setns")
+      try:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(64)
+        result["sock"] = sock
+      finally:
+        if libc.setns(home, 0x40000000) != 0:
+          os._exit(70)   # a thread stuck in a pod's namespace must not serve anything else
+    except OSError as e:
+      result["error"] = e
+    finally:
+      os.close(target)
+      os.close(home)
+  thread = threading.Thread(target=run)
+  thread.start()
+  thread.join()
+  if "error" in result:
+    raise result["error"]
+  return result["sock"]
 
 
 def _expand(arg, env):

@@ -6,6 +6,10 @@ written out in the tests (or computed with plain Python from the same inputs), n
 the code under test.
 """
 import base64
+import contextlib
+import http.server
+import socket
+import threading
 import time
 
 import httpx
@@ -221,17 +225,73 @@ def test_sandboxes_cannot_see_each_others_files_or_processes(client):
   b.delete()
 
 
-def test_network_blocked_unless_allowed(client, service):
-  port = int(service.url.rsplit(":", 1)[1])
-  probe = ("python3 -c \"import socket; socket.create_connection(('127.0.0.1', %d), timeout=3); "
-           "print('connected')\"" % port)
-  with client.create_sandbox() as blocked:
-    result = blocked.exec(probe)
-    assert result.exit_code != 0 and "connected" not in result.stdout
-    assert blocked.exec("cat /sys/class/net/*/operstate 2>/dev/null; ls /sys/class/net 2>/dev/null"
-                        " || true").exit_code == 0
-  with client.create_sandbox(network=True) as allowed:
-    assert allowed.exec(probe).stdout == "connected\n"
+def _outbound_address():
+  """This machine's address on its default route (what another machine would connect to),
+  or None when it has no route out."""
+  probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+  try:
+    probe.connect(("198.51.100.1", 9))   # a documentation address: nothing is sent
+    return probe.getsockname()[0]
+  except OSError:
+    return None
+  finally:
+    probe.close()
+
+
+@contextlib.contextmanager
+def _http_server(host, body):
+  """A plain HTTP server on this machine answering every GET with `body`."""
+  class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+      self.send_response(200)
+      self.send_header("Content-Length", str(len(body)))
+      self.end_headers()
+      self.wfile.write(body)
+
+    def log_message(self, *args):
+      pass
+  server = http.server.ThreadingHTTPServer((host, 0), Handler)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  try:
+    yield f"http://{host}:{server.server_address[1]}"
+  finally:
+    server.shutdown()
+    server.server_close()
+
+
+_FETCH = ("python3 -c \"import sys, urllib.request; "
+          "print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())\" ")
+
+
+def test_network_and_egress_allow_list(client, service):
+  """network=False reaches nothing; network=True reaches the network but none of the host's
+  loopback services (the service itself, another server on 127.0.0.1); an allow-listed
+  endpoint on the host's loopback is reachable either way, at the URL the SDK gives."""
+  with _http_server("127.0.0.1", b"proxy") as proxy, \
+       _http_server("127.0.0.1", b"private") as private:
+    outside = _outbound_address()
+    with contextlib.ExitStack() as stack:
+      public = stack.enter_context(_http_server(outside, b"public")) if outside else None
+      boxes = {network: stack.enter_context(client.create_sandbox(network=network,
+                                                                  egress=[proxy]))
+               for network in (False, True)}
+      for network, box in boxes.items():
+        assert [e["endpoint"] for e in box.egress] == [proxy]
+        inside = box.egress_url(proxy + "/s/session-1/v1")
+        assert inside == proxy + "/s/session-1/v1"   # a loopback endpoint keeps its URL
+        assert box.exec(_FETCH + inside).stdout == "proxy\n", (network, box.egress)
+        for blocked in (private, service.url + "/health"):
+          result = box.exec(_FETCH + blocked)
+          assert result.exit_code != 0 and result.stdout == "", (network, blocked)
+        if public is not None:
+          reached = box.exec(_FETCH + public)
+          assert (reached.stdout == "public\n") == network, (network, reached.stderr[-300:])
+      with pytest.raises(ValueError, match="allow-list"):
+        boxes[True].egress_url(private)
+  with pytest.raises(orchard_env.InvalidRequest, match="egress"):
+    client.create_sandbox(egress=["ftp://127.0.0.1:21"])
+  with pytest.raises(orchard_env.InvalidRequest, match="egress"):
+    client.create_sandbox(egress=["http://127.0.0.1:0"])
 
 
 # ---------------------------------------------------------------------------- limits

@@ -26,6 +26,8 @@ the socket itself; results travel on descriptors that came with the request:
   on `reply`; a write reads its bytes from `data`.
 - op "connect": enters the network (and user) namespace, connects a TCP socket to
   127.0.0.1:`port` and sends the connected socket back over the `reply` unix socket.
+- op "listen": enters the network (and user) namespace, listens at `address` and sends the
+  listening socket back over `reply` (egress relays: the service accepts on it).
 
 When the orchestrator goes away (socket EOF or its death, via PR_SET_PDEATHSIG), the helper
 exits, and every sandbox started with bwrap --die-with-parent dies with it.
@@ -355,6 +357,19 @@ def _describe(path, name, st):
   return entry
 
 
+def _listen(req, fds):
+  """A TCP socket listening at `address` ([ip, port]) in the entered network namespace, sent
+  back over the `reply` unix socket (it keeps its namespace wherever its descriptor goes)."""
+  host, port = req["address"]
+  family = socket.AF_INET6 if ":" in host else socket.AF_INET
+  sock = socket.socket(family, socket.SOCK_STREAM)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  sock.bind((host, port))
+  sock.listen(128)
+  socket.socket(fileno=os.dup(fds["reply"])).sendmsg(
+      [b"ok"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", sock.fileno()))])
+
+
 def _connect(req, fds):
   sock = socket.create_connection((req.get("host", "127.0.0.1"), req["port"]), timeout=10)
   sock.setblocking(True)
@@ -382,6 +397,8 @@ def _child(req, fds):
         _file_op(req, fds)
       elif op == "connect":
         _connect(req, fds)
+      elif op == "listen":
+        _listen(req, fds)
       elif op == "own":   # hand folders (the workspace) to the sandbox user, then report
         creds = req["creds"]
         for path in req["paths"]:

@@ -23,7 +23,10 @@ class SandboxSpec:
     memory: bytes, or None.
     disk: bytes of writable space (workspace and /tmp each), or None for the backend default.
     pids: most processes and threads, or None.
-    network: True lets the sandbox reach the network; False (default) blocks it.
+    network: True gives the sandbox outbound network access (never the host's loopback
+      services); False (default) gives it none.
+    egress: endpoints ("http://host:port", see orchard_jax.env.egress) the sandbox may reach
+      whatever `network` says: the allow-list.
     env: environment added to every command.
     labels: free-form string labels (listing filters, Kubernetes labels).
     workdir: workspace path overriding the image's, or None.
@@ -34,6 +37,7 @@ class SandboxSpec:
   disk: Optional[int] = None
   pids: Optional[int] = None
   network: bool = False
+  egress: list = dataclasses.field(default_factory=list)
   env: dict = dataclasses.field(default_factory=dict)
   labels: dict = dataclasses.field(default_factory=dict)
   workdir: Optional[str] = None
@@ -77,8 +81,10 @@ class Backend(abc.ABC):
 
   @abc.abstractmethod
   def validate(self, spec: SandboxSpec) -> dict:
-    """Checks a spec before anything is created; returns {"workdir": ..., "env": {...}} from
-    the image. Raises an EnvError (ImageError, LimitNotEnforceable...) naming the problem."""
+    """Checks a spec before anything is created; returns {"workdir": ..., "env": {...},
+    "egress": [{"endpoint", "url"}, ...]}: the image's workspace and environment, and the
+    address inside the sandbox of each egress endpoint. Raises an EnvError (ImageError,
+    LimitNotEnforceable, InvalidRequest...) naming the problem."""
 
   @abc.abstractmethod
   async def create(self, sandbox_id: str, spec: SandboxSpec) -> dict:

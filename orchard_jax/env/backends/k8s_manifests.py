@@ -6,8 +6,12 @@ against the Kubernetes JSON schemas).
   requests/limits, an emptyDir workspace (sizeLimit = disk), a readiness probe on the agent,
   no service-account token, and the node selector and tolerations from the config;
 - one namespace-wide NetworkPolicy that denies all egress of sandbox pods;
-- for a sandbox created with network=True, a NetworkPolicy allowing that one pod's egress
-  (policies are additive, so the allow wins for it alone).
+- for a sandbox created with network=True or an egress allow-list, a NetworkPolicy of that
+  one pod (policies are additive, so it opens that pod alone): network=True allows the
+  internet (every address but the cluster's private, link-local and shared ranges, so no
+  cluster service, node port or cloud metadata endpoint) and DNS; each egress endpoint allows
+  its addresses (/32 or /128) on its TCP port, host names pinned in the pod's /etc/hosts
+  (hostAliases) to the addresses the orchestrator resolved, so the URL inside is the URL given.
 """
 import dataclasses
 import re
@@ -23,6 +27,9 @@ AGENT_VOLUME = "orchard-agent"
 AGENT_MOUNT = "/orchard"
 AGENT_BUNDLE = "/opt/orchard-agent"
 WORKSPACE_VOLUME = "workspace"
+PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
+                  "169.254.0.0/16", "127.0.0.0/8", "0.0.0.0/8")
+PRIVATE_RANGES_V6 = ("fc00::/7", "fe80::/10", "::1/128")
 
 
 @dataclasses.dataclass
@@ -47,6 +54,11 @@ class KubernetesConfig:
     agent_request_timeout: seconds for one request to an agent (long polls add their wait).
     node_pids_limit: the kubelet's podPidsLimit on the sandbox nodes, if set there; a request's
       pids limit is accepted only when at least this (Kubernetes has no per-pod pids field).
+    internet_except: CIDRs a network=True sandbox may not reach (default: private, shared,
+      link-local and loopback ranges: the cluster's pods, services and nodes, and cloud
+      metadata endpoints).
+    dns_selector: pod labels (in namespace kube-system) of the cluster DNS, which network=True
+      sandboxes may query on port 53.
   """
   namespace: str = "orchard-sandboxes"
   agent_image: str = "orchard-agent:latest"
@@ -65,6 +77,8 @@ class KubernetesConfig:
   orchestrator_selector: Optional[dict] = None
   agent_request_timeout: float = 30.0
   node_pids_limit: Optional[int] = None
+  internet_except: list = dataclasses.field(default_factory=lambda: list(PRIVATE_RANGES))
+  dns_selector: dict = dataclasses.field(default_factory=lambda: {"k8s-app": "kube-dns"})
 
 
 def pod_name(sandbox_id: str) -> str:
@@ -84,8 +98,13 @@ def render_pod(sandbox_id: str, *, image: str, token: str, config: KubernetesCon
                cpu: Optional[float] = None, memory: Optional[int] = None,
                disk: Optional[int] = None, env: Optional[dict] = None,
                labels: Optional[dict] = None, workdir: Optional[str] = None,
-               network: bool = False) -> dict:
-  """The Pod manifest of one sandbox (see the module docstring)."""
+               network: bool = False, egress: Optional[list] = None) -> dict:
+  """The Pod manifest of one sandbox (see the module docstring).
+
+  Args:
+    egress: resolved endpoints, dicts {"host", "port", "addresses": [ip, ...]}; the names
+      among them become hostAliases.
+  """
   import json
   workdir = workdir or config.workdir
   limits, requests = {}, {"cpu": config.cpu_request, "memory": config.memory_request}
@@ -143,6 +162,15 @@ def render_pod(sandbox_id: str, *, image: str, token: str, config: KubernetesCon
     spec["tolerations"] = [dict(t) for t in config.tolerations]
   if config.service_account:
     spec["serviceAccountName"] = config.service_account
+  aliases = {}
+  for endpoint in egress or ():
+    if endpoint["host"] not in endpoint["addresses"]:
+      for address in endpoint["addresses"]:
+        aliases.setdefault(address, [])
+        if endpoint["host"] not in aliases[address]:
+          aliases[address].append(endpoint["host"])
+  if aliases:
+    spec["hostAliases"] = [{"ip": ip, "hostnames": names} for ip, names in sorted(aliases.items())]
   annotations = {ANNOTATION_LABELS: json.dumps(labels or {}, sort_keys=True)}
   for key, value in (labels or {}).items():
     if _label_value(value) is not None and re.fullmatch(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,62}", key):
@@ -168,10 +196,38 @@ def render_deny_egress_policy(config: KubernetesConfig) -> dict:
           "spec": spec}
 
 
-def render_allow_egress_policy(sandbox_id: str, config: KubernetesConfig) -> dict:
-  """The per-sandbox exception: this pod may open connections anywhere."""
+def egress_policy_name(sandbox_id: str) -> str:
+  return pod_name(sandbox_id) + "-egress"
+
+
+def render_allow_egress_policy(sandbox_id: str, config: KubernetesConfig, *,
+                               network: bool = True, egress: Optional[list] = None) -> dict:
+  """The per-sandbox exception to the deny-egress policy.
+
+  Args:
+    network: allow the internet (all but config.internet_except) and cluster DNS.
+    egress: resolved endpoints, dicts {"host", "port", "addresses": [ip, ...]}: each allows
+      its addresses on its TCP port.
+  """
+  import ipaddress
+  rules = []
+  if network:
+    v4 = [c for c in config.internet_except if ":" not in c]
+    v6 = [c for c in config.internet_except if ":" in c] or list(PRIVATE_RANGES_V6)
+    rules.append({"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": v4}},
+                         {"ipBlock": {"cidr": "::/0", "except": v6}}]})
+    rules.append({"to": [{"namespaceSelector": {"matchLabels": {
+                              "kubernetes.io/metadata.name": "kube-system"}},
+                          "podSelector": {"matchLabels": dict(config.dns_selector)}}],
+                  "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]})
+  for endpoint in egress or ():
+    blocks = []
+    for address in endpoint["addresses"]:
+      bits = 128 if ipaddress.ip_address(address).version == 6 else 32
+      blocks.append({"ipBlock": {"cidr": f"{address}/{bits}"}})
+    rules.append({"to": blocks, "ports": [{"protocol": "TCP", "port": int(endpoint["port"])}]})
   return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-          "metadata": {"name": pod_name(sandbox_id) + "-egress", "namespace": config.namespace,
+          "metadata": {"name": egress_policy_name(sandbox_id), "namespace": config.namespace,
                        "labels": {LABEL_MANAGED: MANAGED_BY, LABEL_SANDBOX: sandbox_id}},
           "spec": {"podSelector": {"matchLabels": {LABEL_SANDBOX: sandbox_id}},
-                   "policyTypes": ["Egress"], "egress": [{}]}}
+                   "policyTypes": ["Egress"], "egress": rules}}

@@ -9,24 +9,29 @@
   pod creation and deletion. Job state lives in the agent, so any orchestrator replica can
   wait for any job.
 - Network: a namespace-wide deny-egress NetworkPolicy (created at start if missing) and, for
-  network=True sandboxes, a per-pod allow policy (see k8s_manifests).
+  network=True sandboxes or an egress allow-list, a per-pod policy opening the internet or
+  exactly the allowed endpoints (see k8s_manifests); host names of endpoints are resolved here
+  at creation and pinned in the pod's /etc/hosts.
 """
 import asyncio
 import base64
 import logging
 import secrets
+import socket
 import threading
 import time
 from typing import Optional
 
 import httpx
 
+from orchard_jax.env import egress as _egress
 from orchard_jax.env import images as _images
 from orchard_jax.env import jobs as _jobs
 from orchard_jax.env.backends import k8s_manifests as _m
 from orchard_jax.env.backends.base import Backend, PtySession, SandboxSpec
 from orchard_jax.env.errors import (BackendUnavailable, FileOperationError, ImageError,
-                                    LimitNotEnforceable, SandboxFailed, SandboxFileNotFound)
+                                    InvalidRequest, LimitNotEnforceable, SandboxFailed,
+                                    SandboxFileNotFound)
 
 _log = logging.getLogger("orchard_jax.env.kubernetes")
 KubernetesConfig = _m.KubernetesConfig
@@ -114,7 +119,11 @@ class KubernetesBackend(Backend):
     return {"backend": self.name, "namespace": self.config.namespace,
             "limits": {"cpu": True, "memory": True, "disk": True,
                        "pids": self.config.node_pids_limit is not None},
-            "isolation": {"pod": True, "network": "deny-egress NetworkPolicy"}}
+            "isolation": {"pod": True},
+            "network": {"network_true": "NetworkPolicy: internet and cluster DNS, no private "
+                                        "ranges", "egress": "NetworkPolicy rules to the "
+                                        "endpoints' addresses and ports; names pinned with "
+                                        "hostAliases"}}
 
   # ------------------------------------------------------------------ watch
   def _watch_loop(self):
@@ -182,7 +191,29 @@ class KubernetesBackend(Backend):
           f"pids={spec.pids} cannot be enforced per pod on Kubernetes; the nodes' podPidsLimit "
           f"is {node if node is not None else 'not configured (node_pids_limit)'}; ask for "
           f"pids >= that or none", details={"missing": ["pids"]})
-    return {"workdir": spec.workdir or self.config.workdir, "env": {}}
+    try:
+      endpoints = _egress.parse_endpoints(spec.egress)
+    except ValueError as e:
+      raise InvalidRequest(f"egress: {e}", details={"field": "egress"}) from None
+    return {"workdir": spec.workdir or self.config.workdir, "env": {},
+            "egress": [{"endpoint": e.origin, "url": e.origin} for e in endpoints]}
+
+  async def _resolve(self, spec: SandboxSpec) -> list:
+    """The egress endpoints with the addresses their hosts have now."""
+    out = []
+    for endpoint in _egress.parse_endpoints(spec.egress):
+      if endpoint.address is not None:
+        addresses = [str(endpoint.address)]
+      else:
+        try:
+          infos = await asyncio.to_thread(socket.getaddrinfo, endpoint.host, endpoint.port,
+                                          type=socket.SOCK_STREAM)
+        except OSError as e:
+          raise SandboxFailed(f"egress endpoint {endpoint.origin}: cannot resolve "
+                              f"{endpoint.host!r}: {e}") from None
+        addresses = sorted({info[4][0] for info in infos})
+      out.append({"host": endpoint.host, "port": endpoint.port, "addresses": addresses})
+    return out
 
   async def _throttle(self):
     async with self._rate_lock:
@@ -196,18 +227,22 @@ class KubernetesBackend(Backend):
     from kubernetes.client.exceptions import ApiException
     token = secrets.token_urlsafe(24)
     workdir = spec.workdir or self.config.workdir
+    egress = await self._resolve(spec)
     pod = _m.render_pod(sandbox_id, image=self._image(spec), token=token, config=self.config,
                         cpu=spec.cpu, memory=spec.memory, disk=spec.disk, env=spec.env,
-                        labels=spec.labels, workdir=workdir, network=spec.network)
+                        labels=spec.labels, workdir=workdir, network=spec.network,
+                        egress=egress)
     name = pod["metadata"]["name"]
     event = self._waiters.setdefault(name, asyncio.Event())
     try:
       async with self._create_slots:
         await self._throttle()
-        if spec.network:
+        if spec.network or egress:
           await asyncio.to_thread(self.networking.create_namespaced_network_policy,
                                   self.config.namespace,
-                                  _m.render_allow_egress_policy(sandbox_id, self.config))
+                                  _m.render_allow_egress_policy(sandbox_id, self.config,
+                                                                network=spec.network,
+                                                                egress=egress))
         await asyncio.to_thread(self.core.create_namespaced_pod, self.config.namespace, pod)
       ip = await self._wait_ready(name, event)
     except ApiException as e:
@@ -240,7 +275,7 @@ class KubernetesBackend(Backend):
     name = _m.pod_name(sandbox_id)
     for call, args in ((self.core.delete_namespaced_pod, (name, self.config.namespace)),
                        (self.networking.delete_namespaced_network_policy,
-                        (name + "-egress", self.config.namespace))):
+                        (_m.egress_policy_name(sandbox_id), self.config.namespace))):
       try:
         await asyncio.to_thread(call, *args, grace_period_seconds=0)
       except ApiException as e:

@@ -30,9 +30,11 @@ import time
 import hashlib
 from typing import Optional, Sequence
 
+from orchard_jax.env import egress as _egress
 from orchard_jax.env import jobs as _jobs
 from orchard_jax.env import images as _images
 from orchard_jax.env.backends import _cgroups
+from orchard_jax.env.backends import _network
 from orchard_jax.env.backends.base import Backend, PtySession, SandboxSpec
 from orchard_jax.env.errors import (BackendUnavailable, EnvError, FileOperationError,
                                     InvalidRequest, LimitNotEnforceable, SandboxFailed,
@@ -169,6 +171,10 @@ class LocalBackend(Backend):
             "isolation": {"namespaces": ["pid", "mount", "ipc", "uts", "cgroup", "net"] +
                           (["user"] if self.user_namespace else []),
                           "sandbox_uid": None if self.creds is None else self.creds["uid"]},
+            "network": {"network_true": ("slirp4netns, host loopback unreachable"
+                                         if _network.slirp4netns() else "unavailable "
+                                         "(slirp4netns is not installed)"),
+                        "egress": "allow-listed endpoints relayed by the service"},
             "strict_limits": self.strict_limits}
 
   # ------------------------------------------------------------------ sandboxes
@@ -184,34 +190,46 @@ class LocalBackend(Backend):
           f"requested limits {missing} cannot be enforced on this machine ({why}); run the "
           f"service as root or in a delegated cgroup, or start it with strict_limits=False "
           f"to accept unenforced limits", details={"missing": missing})
+    if spec.network and not _network.slirp4netns():
+      raise LimitNotEnforceable(
+          "network=True needs slirp4netns here (the sandbox's own network namespace with "
+          "outbound access that cannot reach the host's loopback): install it with "
+          "`apt-get install slirp4netns`, or use egress=[...] for single endpoints",
+          details={"missing": ["network"]})
+    try:
+      egress = _egress.local_inside(_egress.parse_endpoints(spec.egress))
+    except ValueError as e:
+      raise InvalidRequest(f"egress: {e}", details={"field": "egress"}) from None
     workdir = spec.workdir or image.workdir
-    return {"workdir": workdir, "env": image.env_dict, "image_kind": image.kind}
+    return {"workdir": workdir, "env": image.env_dict, "image_kind": image.kind,
+            "egress": [{"endpoint": e["endpoint"], "url": e["url"]} for e in egress]}
 
-  def _bwrap_argv(self, sandbox_id, spec, image, workdir, disk):
-    argv = [self.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+  def _bwrap_argv(self, sandbox_id, spec, image, workdir, disk, files=()):
+    """bubblewrap's command line. `files`: (path, fd) pairs of files shown read-only over the
+    image's (their fds are 4, 5, ... in bwrap)."""
+    argv = [self.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
             "--unshare-cgroup-try", "--die-with-parent", "--hostname", sandbox_id[:63],
             "--info-fd", "3"]
-    if not spec.network:
-      argv.append("--unshare-net")
     if self.user_namespace:
       argv += ["--unshare-user", "--uid", "1000", "--gid", "1000", "--disable-userns"]
     else:
       argv += ["--cap-drop", "ALL"]
     # Every folder on the way to a mount point is rebuilt in the sandbox's root tmpfs (its
     # entries bound one by one), so bwrap can create mount points below read-only folders.
-    points = [p for _, p in image.binds] + [workdir]
+    overridden = frozenset(path for path, _ in files)
+    points = [p for _, p in image.binds] + [workdir] + list(overridden)
     exploded = {os.path.dirname(p) for p in points}
     for p in list(exploded):
       while p not in ("/", ""):
         exploded.add(p)
         p = os.path.dirname(p)
     if image.kind in ("host", "layer"):
-      argv += self._host_view(frozenset(exploded))
+      argv += self._host_view(frozenset(exploded), overridden)
     else:
       for entry in sorted(os.listdir(image.root)):
         if entry in ("proc", "dev", "tmp", _images.IMAGE_MANIFEST):
           continue
-        argv += _mirror(os.path.join(image.root, entry), "/" + entry, exploded)
+        argv += _mirror(os.path.join(image.root, entry), "/" + entry, exploded, overridden)
     base = image.root if image.kind == "rootfs" else "/"
     for p in sorted(exploded, key=lambda x: x.count("/")):   # folders the host lacks
       if not os.path.lexists(os.path.join(base, p.lstrip("/"))):
@@ -224,22 +242,25 @@ class LocalBackend(Backend):
     if image.workspace_seed:
       argv += ["--perms", "0755", "--dir", os.path.dirname(_SEED_MOUNT),
                "--ro-bind", image.workspace_seed, _SEED_MOUNT]
+    for i, (path, _) in enumerate(files):
+      argv += ["--perms", "0644", "--ro-bind-data", str(4 + i), path]
     # The placeholder says "ready" once bubblewrap has finished the mounts and exec'd it, then
     # waits on stdin (a pipe the service holds: EOF ends the sandbox).
     argv += ["--chdir", "/", "--", "/bin/sh", "-c", "echo ready; read _"]
     return argv
 
-  def _host_view(self, exploded: frozenset) -> list:
+  def _host_view(self, exploded: frozenset, overridden: frozenset = frozenset()) -> list:
     """bwrap arguments of the read-only host view (cached: the host's folders do not change
-    while the service runs)."""
+    while the service runs). Paths in `overridden` are left out (mounted separately)."""
     cache = self.__dict__.setdefault("_host_view_cache", {})
-    if exploded not in cache:
+    key = (exploded, overridden)
+    if key not in cache:
       args = []
       for d in _HOST_DIRS + tuple(self.host_paths):
-        args += _mirror(d, d, exploded)
+        args += _mirror(d, d, exploded, overridden)
       args += ["--perms", "0755", "--dir", "/run", "--perms", "0755", "--dir", "/var"]
-      cache[exploded] = args
-    return list(cache[exploded])
+      cache[key] = args
+    return list(cache[key])
 
   async def create(self, sandbox_id: str, spec: SandboxSpec) -> dict:
     image = _images.resolve_image(spec.image, allowed_roots=self.image_roots)
@@ -259,14 +280,21 @@ class LocalBackend(Backend):
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-    argv = self._bwrap_argv(sandbox_id, spec, image, workdir, disk)
+    egress = _egress.local_inside(_egress.parse_endpoints(spec.egress))
+    files = []
+    names = {e["hosts_name"]: e["listen"][0] for e in egress if e["hosts_name"]}
+    if names:
+      files.append(("/etc/hosts", _data_fd(_network.hosts_file(sandbox_id, names))))
+    if spec.network:
+      files.append(("/etc/resolv.conf", _data_fd(_network.resolv_conf())))
+    argv = self._bwrap_argv(sandbox_id, spec, image, workdir, disk, files)
     try:
       self._send({"op": "spawn", "mode": "direct", "cgroups": procs, "argv": argv,
                   "env": {"PATH": DEFAULT_PATH}, "cwd": "/"},
                  [("stdin", keep_r), ("stdout", ready_w), ("stderr", err_w),
-                  ("status", status_w), ("extra", info_w)])
+                  ("status", status_w), ("extra", info_w)] + [("extra", fd) for _, fd in files])
     finally:
-      for fd in (keep_r, info_w, err_w, status_w, ready_w):
+      for fd in (keep_r, info_w, err_w, status_w, ready_w, *(fd for _, fd in files)):
         os.close(fd)
     box.status = _StatusReader(status_r)
     try:
@@ -294,6 +322,14 @@ class LocalBackend(Backend):
                                   "init_start": _start_time(box.init_pid)})
     ref = {"id": sandbox_id, "init_pid": box.init_pid, "workdir": workdir,
            "env": image.env_dict, "network": spec.network}
+    try:
+      if spec.network:
+        await self._start_slirp(box)
+      if egress:
+        await self._start_egress(box, egress)
+    except EnvError:
+      await self.delete(sandbox_id, None)
+      raise
     if self.creds is not None:   # the workspace belongs to the sandbox user (git wants that)
       reply_r, reply_w = os.pipe2(os.O_CLOEXEC)
       try:
@@ -317,15 +353,74 @@ class LocalBackend(Backend):
                             f"{result.stderr.decode(errors='replace')[-2000:]}")
     return ref
 
-  async def _read_until(self, fd, box, end: bytes) -> bytes:
-    """Reads a pipe until `end` arrives; raises SandboxFailed if bwrap ends first."""
+  async def _start_slirp(self, box) -> None:
+    """Gives the sandbox's network namespace outbound access through slirp4netns (in the
+    sandbox's cgroups, so it dies with the sandbox; its exit pipe is held by the service)."""
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    exit_r, box.slirp_exit = os.pipe2(os.O_CLOEXEC)
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    argv = _network.slirp_argv(_network.slirp4netns(), box.init_pid,
+                               userns=self.user_namespace, sandboxed=not self.user_namespace)
+    try:
+      self._send({"op": "spawn", "mode": "direct", "cgroups": box.procs, "argv": argv,
+                  "env": {"PATH": DEFAULT_PATH}, "cwd": "/"},
+                 [("stdin", null), ("stdout", null), ("stderr", err_w), ("status", status_w),
+                  ("extra", ready_w), ("extra", exit_r)])
+    finally:
+      _network.close_quietly(ready_w, exit_r, status_w, err_w, null)
+    box.slirp = _StatusReader(status_r)
+    try:
+      answer = await asyncio.wait_for(self._read_until(ready_r, box, b"1", box.slirp),
+                                      self.start_timeout)
+      if not answer:
+        raise SandboxFailed("slirp4netns ended before the network was ready")
+    except (asyncio.TimeoutError, EnvError, OSError) as e:
+      said = _read_available(err_r).decode(errors="replace").strip()
+      raise SandboxFailed(f"the network of sandbox {box.id!r} did not start "
+                          f"({'timed out' if isinstance(e, asyncio.TimeoutError) else e}); "
+                          f"slirp4netns said: {said[-1000:] or '(nothing)'}") from None
+    finally:
+      _network.close_quietly(ready_r, err_r)
+
+  async def _start_egress(self, box, egress: list) -> None:
+    """Listens inside the sandbox's network namespace at each endpoint's inside address and
+    relays what connects there to the endpoint."""
+    box.relay = _network.EgressRelay(box.id)
+    net_flags = _NS["net"] | (box.ns_flags & _NS["user"])
+    for entry in egress:
+      mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+      try:
+        self._send({"op": "listen", "address": entry["listen"], "ns_flags": net_flags,
+                    "cgroups": []}, [("reply", theirs.fileno()), ("pidfd", box.pidfd)])
+      finally:
+        theirs.close()
+      mine.setblocking(False)
+      try:
+        msg, fds, _, _ = await asyncio.wait_for(
+            _recv_fds(asyncio.get_running_loop(), mine), 15)
+      except asyncio.TimeoutError:
+        msg, fds = b"timed out", []
+      finally:
+        mine.close()
+      if not fds:
+        raise SandboxFailed(f"cannot listen at {entry['url']} inside sandbox {box.id!r} for "
+                            f"egress to {entry['endpoint']}: {msg.decode(errors='replace')}")
+      listener = socket.socket(fileno=fds[0])
+      await box.relay.add(listener, tuple(entry["target"]))
+
+  async def _read_until(self, fd, box, end: bytes, status=None) -> bytes:
+    """Reads a pipe until `end` arrives; raises SandboxFailed if the process behind `status`
+    (default: bwrap) ends first."""
+    status = status or box.status
     os.set_blocking(fd, False)
     loop = asyncio.get_running_loop()
     data = b""
     while True:
       readable = asyncio.Event()
       loop.add_reader(fd, readable.set)
-      status_task = asyncio.ensure_future(box.status.ended.wait())
+      status_task = asyncio.ensure_future(status.ended.wait())
       try:
         await asyncio.wait([asyncio.ensure_future(readable.wait()), status_task],
                            return_when=asyncio.FIRST_COMPLETED)
@@ -341,8 +436,8 @@ class LocalBackend(Backend):
         if end in data:
           return data
         continue
-      if box.status.ended.is_set() or chunk == b"":
-        raise SandboxFailed(box.status.describe_end())
+      if status.ended.is_set() or chunk == b"":
+        raise SandboxFailed(status.describe_end())
 
   def _write_meta(self, sandbox_id, fields):
     meta = {"id": sandbox_id, "owner_pid": os.getpid(), "owner_start": _start_time(os.getpid()),
@@ -359,6 +454,10 @@ class LocalBackend(Backend):
     box = self._boxes.pop(sandbox_id, None)
     if box is not None:
       box.close_keepalive()
+      if box.relay is not None:
+        await box.relay.close()
+      if box.slirp is not None:
+        box.slirp.close()
       if box.pidfd is not None:
         try:
           signal.pidfd_send_signal(box.pidfd, signal.SIGKILL)
@@ -627,11 +726,17 @@ class _Box:
     self.pidfd = None
     self.ns_flags = 0
     self.jobs = set()
+    self.slirp = None         # _StatusReader of slirp4netns (network=True)
+    self.slirp_exit = None    # write end of slirp4netns's exit pipe
+    self.relay = None         # _network.EgressRelay (egress=[...])
 
   def close_keepalive(self):
     if self.keepalive is not None:
       os.close(self.keepalive)
       self.keepalive = None
+    if self.slirp_exit is not None:   # slirp4netns exits when this pipe closes
+      os.close(self.slirp_exit)
+      self.slirp_exit = None
 
 
 class _StatusReader:
@@ -767,15 +872,19 @@ class _LocalPty(PtySession):
       self.master = None
 
 
-def _mirror(host_path, target, exploded=frozenset()):
+def _mirror(host_path, target, exploded=frozenset(), skip=frozenset()):
   """bwrap arguments that show `host_path` read-only at `target` (symlinks stay symlinks).
-  Targets in `exploded` become folders of the root tmpfs holding their entries' binds."""
+  Targets in `exploded` become folders of the root tmpfs holding their entries' binds;
+  targets in `skip` are left out."""
+  if target in skip:
+    return []
   if os.path.islink(host_path):
     return ["--symlink", os.readlink(host_path), target]
   if target in exploded and os.path.isdir(host_path):
     args = ["--perms", "0755", "--dir", target]
     for entry in sorted(os.listdir(host_path)):
-      args += _mirror(os.path.join(host_path, entry), os.path.join(target, entry), exploded)
+      args += _mirror(os.path.join(host_path, entry), os.path.join(target, entry), exploded,
+                      skip)
     return args
   if os.path.exists(host_path):
     return ["--ro-bind", host_path, target]
@@ -801,6 +910,18 @@ def _popen_spawner(child_sock):
   return subprocess.Popen([sys.executable, "-I", "-S", _SPAWNER, str(child_sock.fileno())],
                           pass_fds=[child_sock.fileno()], stdin=subprocess.DEVNULL,
                           start_new_session=True)
+
+
+def _data_fd(data: bytes) -> int:
+  """The read end of a pipe holding `data` (at most a pipe's buffer, 64 KiB), write end closed."""
+  if len(data) > 65536:
+    raise ValueError(f"{len(data)} bytes do not fit a pipe's buffer")
+  r, w = os.pipe2(os.O_CLOEXEC)
+  try:
+    os.write(w, data)
+  finally:
+    os.close(w)
+  return r
 
 
 def _read_available(fd) -> bytes:
