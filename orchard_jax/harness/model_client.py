@@ -14,13 +14,30 @@ import httpx
 from orchard_jax.harness.errors import ModelCallError
 
 
+# Message keys sent upstream: OpenAI chat format (harness-only keys such as "extra" stay local).
+_MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content")
+
+
 @dataclasses.dataclass
 class ChatResponse:
-  """One completion: the text, why it stopped, token usage, and the raw JSON body."""
+  """One completion: the text, why it stopped, token usage, and the raw JSON body.
+
+  Attributes:
+    content: the assistant's text ("" when none).
+    finish_reason: "stop", "length", "tool_calls", ...
+    usage: the body's usage object.
+    raw: the whole JSON body.
+    tool_calls: the assistant's tool calls in OpenAI form ({id, type, function: {name,
+      arguments (JSON text)}}), [] when none.
+    message: the assistant message as returned (role, content, tool_calls,
+      reasoning_content): what a harness appends to its history and sends back next call.
+  """
   content: str
   finish_reason: str
   usage: dict
   raw: dict
+  tool_calls: list = dataclasses.field(default_factory=list)
+  message: dict = dataclasses.field(default_factory=dict)
 
 
 class ChatModel:
@@ -62,15 +79,21 @@ class ChatModel:
   def close(self):
     self._client.close()
 
-  def complete(self, messages: list[dict]) -> ChatResponse:
-    """Sends the chat (only role/content of each message) and returns the first choice.
+  def complete(self, messages: list[dict], *, tools: list[dict] | None = None) -> ChatResponse:
+    """Sends the chat and returns the first choice.
 
+    Args:
+      messages: OpenAI chat messages; only their role, content, tool_calls, tool_call_id,
+        name and reasoning_content are sent.
+      tools: OpenAI function tools offered to the model (sent as `tools`), or None.
     Raises:
       ModelCallError: the endpoint is unreachable after the retries, answers non-2xx, or the
         body has no choices (the message quotes what came back).
     """
-    body = {"model": self.model, "messages": [{"role": m["role"], "content": m["content"]}
+    body = {"model": self.model, "messages": [{k: m[k] for k in _MESSAGE_KEYS if k in m}
                                               for m in messages], **self.sampling}
+    if tools:
+      body["tools"] = tools
     url = f"{self.base_url}/chat/completions"
     for attempt in range(self.retries + 1):
       try:
@@ -89,9 +112,15 @@ class ChatModel:
     try:
       data = response.json()
       choice = data["choices"][0]
-      content = choice["message"].get("content") or ""
+      message = dict(choice["message"])
+      content = message.get("content") or ""
+      tool_calls = list(message.get("tool_calls") or [])
     except (ValueError, KeyError, IndexError, TypeError) as e:
       raise ModelCallError(f"POST {url}: expected an OpenAI chat completion, got "
                            f"{response.text[:500]!r}") from e
     self.calls += 1
-    return ChatResponse(content, choice.get("finish_reason") or "", data.get("usage") or {}, data)
+    message["role"] = "assistant"
+    return ChatResponse(content, choice.get("finish_reason") or "", data.get("usage") or {}, data,
+                        tool_calls=tool_calls,
+                        message={k: message.get(k) for k in _MESSAGE_KEYS
+                                 if k in ("role", "content") or message.get(k) is not None})
