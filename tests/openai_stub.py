@@ -3,8 +3,9 @@ endpoint no CI machine can run (a hosted teacher, a judge LLM, a scripted policy
 
 The stub is a real server (http.server in a thread, 127.0.0.1, a free port), so the project's
 client code runs unchanged against it. What it answers is the test's business: `answer(request)`
-returns the assistant's content (finish_reason "stop"), a (content, finish_reason) pair, or an
-int, which is sent as that HTTP error status. Every request is recorded before it is answered.
+returns the assistant's content (finish_reason "stop"), a (content, finish_reason) pair, an
+assistant message dict (e.g. with "tool_calls"; finish_reason "tool_calls" when it has some), or
+an int, which is sent as that HTTP error status. Every request is recorded before it is answered.
 Usage counts are len(text) // 4 per side, a stand-in that is enough for the budget tests.
 """
 import dataclasses
@@ -14,7 +15,7 @@ import threading
 import time
 from typing import Callable, Union
 
-Answer = Union[str, tuple[str, str], int]
+Answer = Union[str, tuple[str, str], dict, int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,14 +52,20 @@ class ChatStub:
         answer = stub.answer(request)
         if isinstance(answer, int):
           return self._send(answer, {"error": {"message": f"scripted HTTP {answer}"}})
-        content, finish = (answer, "stop") if isinstance(answer, str) else answer
+        if isinstance(answer, dict):
+          message = {"role": "assistant", "content": None, **answer}
+          finish = "tool_calls" if message.get("tool_calls") else "stop"
+          content = json.dumps(message)
+        else:
+          content, finish = (answer, "stop") if isinstance(answer, str) else answer
+          message = {"role": "assistant", "content": content}
         prompt = sum(len(m.get("content") or "") for m in body.get("messages", [])) // 4
         completion = len(content) // 4
         self._send(200, {
             "id": f"chatcmpl-{request.index}", "object": "chat.completion",
             "created": int(time.time()), "model": body.get("model", "stub"),
             "choices": [{"index": 0, "finish_reason": finish,
-                         "message": {"role": "assistant", "content": content}}],
+                         "message": message}],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                       "total_tokens": prompt + completion}})
 

@@ -111,12 +111,18 @@ class Check:
     return f"answer {dict(s)}"
 
   # ------------------------------------------------------------------ kinds
+  def _table(self, state: Mapping) -> list:
+    """The records of the check's table; a state without them is a grader error (raises)."""
+    service, table = self.spec["service"], self.spec["table"]
+    records = (state.get(service) or {}).get(table)
+    if not isinstance(records, list) or not all(isinstance(r, Mapping) for r in records):
+      raise predicates.PredicateError(
+          f"the state of {service} has no list of records for table {table!r} (got "
+          f"{type(records).__name__}); was the service's state read?")
+    return records
+
   def _records(self, state: Mapping) -> list:
-    tables = state.get(self.spec["service"])
-    if tables is None:
-      return []
-    return [r for r in tables.get(self.spec["table"], [])
-            if predicates.matches(r, self.spec.get("where") or {})]
+    return [r for r in self._table(state) if predicates.matches(r, self.spec.get("where") or {})]
 
   def _record(self, ctx: Context):
     n = len(self._records(ctx.state))
@@ -132,8 +138,7 @@ class Check:
     if ctx.initial is None:
       raise predicates.PredicateError("an `unchanged` check needs the initial state")
     before = self._records(ctx.initial)
-    after = {r.get("id"): r for r in
-             ctx.state.get(self.spec["service"], {}).get(self.spec["table"], [])}
+    after = {r.get("id"): r for r in self._table(ctx.state)}
     fields = self.spec.get("fields")
     changed = []
     for old in before:

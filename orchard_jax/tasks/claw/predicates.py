@@ -6,7 +6,7 @@ A `where` clause maps field names to conditions, Mongo-style:
           subject: {$icontains: invoice}, attendees: {$any: {email: bo@x.io,
                                                               response: accepted}}}
 
-A plain value means equality. Operators (keys starting with `$`):
+A plain value means equality (JSON equality: true is not 1). Operators (keys starting with `$`):
   $eq, $ne                 equal / not equal
   $in, $nin                one of / none of a list
   $contains                a string contains the text, or a list holds the value
@@ -35,6 +35,7 @@ import re
 from typing import Any, Mapping
 
 from orchard_jax.tasks.claw.services import timeutil
+from orchard_jax.tasks.claw.services.schema import json_equal
 
 OPERATORS = ("$eq", "$ne", "$in", "$nin", "$contains", "$icontains", "$all_icontains",
              "$startswith", "$endswith", "$matches", "$gt", "$gte", "$lt", "$lte", "$len",
@@ -143,7 +144,7 @@ def satisfies(value: Any, condition: Any) -> bool:
       return False
     if isinstance(condition, (dt.date, dt.datetime)):
       condition = condition.isoformat()
-    return value == condition
+    return json_equal(value, condition)
   return all(_apply(op, arg, value) for op, arg in condition.items())
 
 
@@ -158,17 +159,17 @@ def _apply(op: str, arg: Any, value: Any) -> bool:
   if value is _MISSING:
     return op in ("$ne", "$nin")
   if op == "$eq":
-    return value == arg
+    return json_equal(value, arg)
   if op == "$ne":
-    return value != arg
+    return not json_equal(value, arg)
   if op == "$in":
-    return value in arg
+    return any(json_equal(value, a) for a in arg)
   if op == "$nin":
-    return value not in arg
+    return not any(json_equal(value, a) for a in arg)
   if op == "$contains":
     if isinstance(value, str):
       return isinstance(arg, str) and arg in value
-    return isinstance(value, list) and arg in value
+    return isinstance(value, list) and any(json_equal(v, arg) for v in value)
   if op == "$icontains":
     if isinstance(value, list):
       return any(isinstance(v, str) and arg.lower() in v.lower() for v in value)

@@ -59,6 +59,18 @@ def json_type(value: Any) -> str:
   return type(value).__name__
 
 
+def json_equal(a: Any, b: Any) -> bool:
+  """Equality of JSON values: booleans never equal numbers (Python has True == 1); 1 == 1.0."""
+  if isinstance(a, bool) or isinstance(b, bool):
+    return isinstance(a, bool) and isinstance(b, bool) and a == b
+  if isinstance(a, list) and isinstance(b, list):
+    return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+  if isinstance(a, dict) and isinstance(b, dict):
+    return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+  return type(a) in (int, float) and type(b) in (int, float) and a == b or (
+      type(a) is type(b) and a == b)
+
+
 def _is_type(value: Any, name: str) -> bool:
   if name == "null":
     return value is None
@@ -119,9 +131,9 @@ def validate(value: Any, schema: dict, where: str = "arguments") -> None:
     if not any(_is_type(value, name) for name in names):
       wanted = " or ".join(_TYPE_NAMES[name] for name in names)
       raise SchemaViolation(f"{where}: expected {wanted}, got {describe(value)}")
-  if "const" in schema and value != schema["const"]:
+  if "const" in schema and not json_equal(value, schema["const"]):
     raise SchemaViolation(f"{where}: expected {schema['const']!r}, got {describe(value)}")
-  if "enum" in schema and value not in schema["enum"]:
+  if "enum" in schema and not any(json_equal(value, v) for v in schema["enum"]):
     choices = ", ".join(repr(v) for v in schema["enum"])
     raise SchemaViolation(f"{where}: expected one of {choices}, got {describe(value)}")
   if isinstance(value, str):
@@ -168,7 +180,7 @@ def _validate_array(value: list, schema: dict, where: str) -> None:
   if schema.get("uniqueItems"):
     seen: List[Any] = []
     for i, item in enumerate(value):
-      if item in seen:
+      if any(json_equal(item, other) for other in seen):
         raise SchemaViolation(f"{where}: expected unique items, item {i} repeats "
                               f"{describe(item)}")
       seen.append(item)
