@@ -14,6 +14,7 @@ the sandbox.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any, List
@@ -22,6 +23,7 @@ from . import timeutil
 
 _EMAIL_RE = re.compile(r"^[^@\s<>(),;:\"\[\]]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+$")
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _TYPE_NAMES = {"string": "a string", "integer": "an integer", "number": "a number",
                "boolean": "a boolean", "array": "an array", "object": "an object",
                "null": "null"}
@@ -38,6 +40,13 @@ def describe(value: Any, limit: int = 60) -> str:
   if len(text) > limit:
     text = text[:limit - 3] + "..."
   return f"{kind} {text}"
+
+
+def _names(names) -> str:
+  """Field names for a message: plain ones as they are, others quoted and escaped, so a name
+  holding a newline or a comma cannot break the one-line message."""
+  shown = [n if isinstance(n, str) and _PLAIN_NAME.match(n) else json.dumps(n) for n in names]
+  return ", ".join(shown) or "none"
 
 
 def json_type(value: Any) -> str:
@@ -190,13 +199,13 @@ def _validate_object(value: dict, schema: dict, where: str) -> None:
   properties = schema.get("properties") or {}
   missing = [name for name in schema.get("required") or () if name not in value]
   if missing:
-    raise SchemaViolation(f"{where}: missing required field(s) {', '.join(missing)}; got "
-                          f"{', '.join(sorted(value)) or 'none'}")
+    raise SchemaViolation(f"{where}: missing required field(s) {_names(missing)}; got "
+                          f"{_names(sorted(value))}")
   for name, sub in properties.items():
     if name in value:
       validate(value[name], sub, f"{where}.{name}")
   if schema.get("additionalProperties") is False:
     unknown = sorted(k for k in value if k not in properties)
     if unknown:
-      raise SchemaViolation(f"{where}: unknown field(s) {', '.join(unknown)}; expected some of "
-                            f"{', '.join(properties) or 'none'}")
+      raise SchemaViolation(f"{where}: unknown field(s) {_names(unknown)}; expected some of "
+                            f"{_names(properties)}")
