@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Iterable, Optional, Sequence, Union
 
 import aiohttp
 import httpx
@@ -503,6 +503,67 @@ class AsyncSGLangClient(_ClientBase):
     body = await self._request("POST", "/generate", json=payload, session_id=session_id)
     return _parse_generate(body, False, "")
 
+  async def generate_stream(self, *, input_ids: Sequence[int],
+                            sampling_params: Union[None, dict, SamplingParams] = None,
+                            return_logprob: bool = False,
+                            top_logprobs_num: Optional[int] = None,
+                            session_id: Optional[str] = None
+                            ) -> AsyncIterator[GenerateResponse]:
+    """`/generate` with "stream": true: yields the result so far after each engine step, the
+    last one finished (meta_info.finish_reason set).
+
+    Each yielded response is cumulative (all text, ids and log-probs since the start), also
+    against a server that streams increments (SGLang's incremental streaming output): a chunk
+    whose ids do not extend the ids so far is appended to them. Not retried once the server
+    has answered (the tokens already streamed cannot be taken back); a connection refused
+    before that is.
+
+    Raises:
+      UpstreamError: HTTP error, a stream that reports an error or ends unfinished.
+    """
+    payload = build_generate_payload(
+      input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob,
+      top_logprobs_num=top_logprobs_num, session_id=session_id, stream=True)
+    data = orjson.dumps(payload)
+    target = self._router.acquire(session_id)
+    ok = False
+    try:
+      try:
+        response = await self._session().post(target + "/generate", data=data,
+                                               headers=_JSON_HEADERS)
+      except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        raise UpstreamError(f"{target}/generate failed: {type(e).__name__}: {e}",
+                            url=target) from e
+      async with response:
+        if response.status >= 400:
+          self._check_body(response.status, await response.read(), target, "/generate")
+        merged = _StreamMerger(target)
+        try:
+          buffer = b""
+          # Events are split by hand: a cumulative event outgrows aiohttp's line limit.
+          async for data in response.content.iter_any():
+            buffer += data
+            *events, buffer = buffer.split(b"\n\n")
+            for event in events:
+              body = event.strip()
+              if not body.startswith(b"data:"):
+                continue
+              body = body[5:].strip()
+              if body == b"[DONE]":
+                break
+              partial = merged.add(orjson.loads(body))
+              yield partial
+              if partial.meta_info.finish_reason is not None:
+                ok = True
+                return
+        except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError) as e:
+          raise UpstreamError(f"{target}/generate stream broke: {type(e).__name__}: {e}",
+                              url=target) from e
+        raise UpstreamError(f"{target}/generate stream ended before the request finished",
+                            url=target, status_code=200)
+    finally:
+      self._router.release(target, ok)
+
   async def generate_batch(self, prompts: Sequence[Prompt], *,
                            sampling_params: Union[None, dict, SamplingParams] = None,
                            return_logprob: bool = False,
@@ -541,6 +602,40 @@ class AsyncSGLangClient(_ClientBase):
         raise UpstreamError(f"{url} refused the weight update: {response.message}", url=url)
       out.append(response)
     return out
+
+
+class _StreamMerger:
+  """Folds `/generate` stream chunks into cumulative `GenerateResponse`s (see
+  `AsyncSGLangClient.generate_stream`)."""
+
+  def __init__(self, url: str):
+    self.url = url
+    self.text, self.ids, self.logprobs, self.tops = "", [], [], []
+
+  def add(self, chunk: Any) -> GenerateResponse:
+    if isinstance(chunk, dict) and "error" in chunk:
+      error = chunk["error"]
+      message = error.get("message") if isinstance(error, dict) else error
+      raise UpstreamError(f"{self.url}/generate stream failed: {message}", url=self.url,
+                          status_code=200)
+    part = _parse_generate(chunk, False, self.url)
+    meta = part.meta_info
+    ids = part.output_ids
+    cumulative = len(ids) >= len(self.ids) and ids[:len(self.ids)] == self.ids
+    self.ids = list(ids) if cumulative else self.ids + list(ids)
+    self.text = part.text if part.text.startswith(self.text) else self.text + part.text
+    if meta.output_token_logprobs is not None:
+      entries = list(meta.output_token_logprobs)
+      self.logprobs = entries if cumulative else self.logprobs + entries
+    if meta.output_top_logprobs is not None:
+      tops = list(meta.output_top_logprobs)
+      self.tops = tops if cumulative else self.tops + tops
+    update = {"output_token_logprobs": self.logprobs or meta.output_token_logprobs,
+              "completion_tokens": len(self.ids)}
+    if self.tops:
+      update["output_top_logprobs"] = self.tops
+    return part.model_copy(update={"text": self.text, "output_ids": self.ids,
+                                   "meta_info": meta.model_copy(update=update)})
 
 
 def _split(items: list, n: int) -> list[list]:

@@ -42,7 +42,7 @@ import gc
 import json
 import logging
 import time
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union
 
 import fastapi
 import orjson
@@ -57,13 +57,14 @@ from orchard_jax.rollout.background import BackgroundServer
 from orchard_jax.rollout.errors import (
   RequestError, RolloutError, SessionError, UpstreamError, validation_message)
 from orchard_jax.rollout.openai_chat import (
-  assistant_message, chat_completion, check_text_chat, sampling_params_of, stream_chat_chunks,
-  token_logprobs)
+  assistant_message, chat_completion, check_text_chat, sampling_params_of, token_logprobs)
 from orchard_jax.rollout.openai_protocol import ChatCompletionRequest, ChatCompletionResponse
 from orchard_jax.rollout.protocol import SamplingParams
 from orchard_jax.rollout.recorder import RecordWriter
 from orchard_jax.rollout.server import error_response
 from orchard_jax.rollout.upstream import OpenAIUpstream, SGLangUpstream
+from orchard_jax.rollout.wires.registry import CHAT, MESSAGES, WIRES, Wire
+from orchard_jax.rollout.wires.turn_stream import THINK_CLOSE, THINK_OPEN, TurnSplitter
 
 _log = logging.getLogger(__name__)
 _CHECKPOINTS_KEPT = 4
@@ -100,6 +101,22 @@ class _Session:
   unprepared: Optional[tuple] = None   # PromptBuilder.prepare's arguments, after the answer
   prompt_tokens: int = 0
   completion_tokens: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+  """One model call between planning and its finished turn: timings (time.time() at the
+  start, perf_counter() before and after planning), the rendered inputs, the prompt plan,
+  the sampling settings and the wire's name."""
+  started_at: float
+  t0: float
+  t1: float
+  messages: list
+  tools: Optional[list]
+  kwargs: dict
+  plan: "PromptPlan"
+  params: SamplingParams
+  wire: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,7 +303,7 @@ class RecordingProxy:
 
   Attributes:
     app: the FastAPI app (health, models, session end, OpenAPI schema). The server puts
-      `_ChatFastPath` in front of it, so chat completions do not pass through middleware
+      `_WireFastPath` in front of it, so model calls do not pass through middleware
       added to `app`.
   """
 
@@ -310,7 +327,7 @@ class RecordingProxy:
     self.sessions: dict[str, _Session] = {}
     self.writer = RecordWriter(store) if store is not None else None
     self.app = self._create_app()
-    self._server = BackgroundServer(_ChatFastPath(self, self.app), host=host, port=port)
+    self._server = BackgroundServer(_WireFastPath(self, self.app), host=host, port=port)
 
   # ------------------------------------------------------------------ lifecycle
 
@@ -398,13 +415,14 @@ class RecordingProxy:
       return {"object": "list", "data": [{"id": self.served_model_name, "object": "model",
                                           "created": 0, "owned_by": "orchard_jax"}]}
 
-    # Served by `_ChatFastPath` ahead of FastAPI's middleware and routing; declared here too
+    # Served by `_WireFastPath` ahead of FastAPI's middleware and routing; declared here too
     # for the OpenAPI schema and for callers of `self.app` (the same handler either way).
-    @app.post(_CHAT_PREFIX + "{session_id}" + _CHAT_SUFFIX, response_model=None,
-              openapi_extra={"requestBody": {"required": True, "content": {
-                "application/json": {"schema": ChatCompletionRequest.model_json_schema()}}}})
-    async def chat(session_id: str, raw: fastapi.Request):
-      return await self._chat(session_id, await raw.body())
+    for suffix, wire in WIRES.items():
+      self._declare_wire_route(app, suffix, wire)
+
+    @app.post(_PREFIX + "{session_id}/v1/messages/count_tokens")
+    async def count_tokens(session_id: str, raw: fastapi.Request):
+      return await self._count_tokens(await raw.body())
 
     @app.delete("/sessions/{session_id}")
     async def end(session_id: str):
@@ -416,36 +434,118 @@ class RecordingProxy:
 
     return app
 
-  async def _chat(self, session_id: str, raw_body: bytes) -> Response:
-    """One `/chat/completions` call of a session: the HTTP response to send.
+  def _declare_wire_route(self, app: fastapi.FastAPI, suffix: str, wire: Wire) -> None:
+    async def handler(session_id: str, raw: fastapi.Request):
+      return await self._serve(wire, session_id, await raw.body())
+
+    app.post(_PREFIX + "{session_id}/v1/" + suffix, response_model=None, name=wire.name)(handler)
+
+  async def _serve(self, wire: Wire, session_id: str, raw_body: bytes) -> Response:
+    """One model call of a session on `wire`: the HTTP response to send.
 
     The body is validated by pydantic-core straight from JSON bytes and the answer serialised
     by it (a declared FastAPI body parameter and a JSONResponse cost about twice the CPU).
+    A streamed call holds the session's lock until its last event is sent (the next call of
+    the session extends this one's record).
 
     Raises:
       RolloutError: RequestError for an invalid body, UpstreamError, SessionError.
     """
-    request = _parse_chat_request(raw_body)
+    request, wire_request = wire.parse(raw_body)
     if not self.upstream.text_only:  # we render the prompt; a hosted API checks its own
       check_text_chat(request)
     session = self.sessions.get(session_id)
     if session is None:
       session = self.sessions.setdefault(session_id, _Session(session_id))
-    async with session.lock:
-      if self.upstream.text_only:
-        data, build = await self._text_only_call(session, request)
-        body = orjson.dumps(data)
-      else:
-        response, build = await self._token_call(session, request)
-        body = None if request.stream else response.model_dump_json(exclude_none=True)
-      # Built and appended by the writer thread, in call order, after the answer has gone
-      # out (`_after_answer`); flush/end_session wait for it.
-      self._record(session.id, build)
     after = BackgroundTask(self._after_answer, session)
-    if body is None:
-      return StreamingResponse(stream_chat_chunks(response), media_type="text/event-stream",
-                               background=after)
-    return Response(body, media_type="application/json", background=after)
+    if self.upstream.text_only:
+      async with session.lock:
+        data, build = await self._text_only_call(session, request)
+        self._record(session.id, build)
+      if wire is CHAT and not request.stream:
+        return Response(orjson.dumps(data), media_type="application/json", background=after)
+      chat = ChatCompletionResponse.model_validate(data)
+      if not request.stream:
+        return Response(wire.body(wire_request, chat, self.served_model_name),
+                        media_type="application/json", background=after)
+      stream = wire.stream(wire_request, self.served_model_name)
+      message = chat.choices[0].message
+      events = (stream.open(chat.usage.prompt_tokens)
+                + stream.delta(message.reasoning_content or "", message.content or "")
+                + stream.close(chat))
+      return Response(events, media_type="text/event-stream", background=after)
+    if not request.stream:
+      async with session.lock:
+        response, build = await self._token_call(session, request, wire.name)
+        # Built and appended by the writer thread, in call order, after the answer has gone
+        # out (`_after_answer`); flush/end_session wait for it.
+        self._record(session.id, build)
+      return Response(wire.body(wire_request, response, self.served_model_name),
+                      media_type="application/json", background=after)
+    await session.lock.acquire()
+    try:
+      call = self._plan_call(session, request, wire.name)
+    except BaseException:
+      session.lock.release()
+      raise
+    events = self._stream_call(session, request, call, wire.stream(wire_request,
+                                                                    self.served_model_name))
+    return _LockedStream(events, session.lock, media_type="text/event-stream",
+                         background=after)
+
+  async def _stream_call(self, session: _Session, request: ChatCompletionRequest, call: "_Call",
+                         stream: Any) -> AsyncIterator[str]:
+    """The events of one streamed call: the wire's opening events, reasoning and content
+    deltas after each engine step, then the parsed turn's closing events. The call is
+    recorded (and the session's history moves on) only when the turn finished; a stream cut
+    by the client or the upstream records nothing."""
+    yield stream.open(len(call.plan.ids))
+    splitter = TurnSplitter(reasoning_open=self._opens_reasoning(call.plan.ids))
+    out = None
+    try:
+      async with contextlib.aclosing(self.upstream.generate_stream(
+          call.plan.ids, call.params, session_id=session.id,
+          top_logprobs_num=request.top_logprobs or 0)) as partials:
+        async for out in partials:
+          if out.meta_info.finish_reason is None:
+            text = stream.delta(*splitter.feed(out.text))
+            if text:
+              yield text
+      if out is None:
+        raise UpstreamError("the upstream stream ended without a result")
+      last = stream.delta(*splitter.finish(out.text))
+      response, build = self._finish_call(session, request, call, out, time.perf_counter())
+    except RolloutError as e:
+      _log.warning("streamed call of session %s failed: %s", session.id, e)
+      yield stream.fail(str(e), _rollout_status(e))
+      return
+    self._record(session.id, build)
+    message = response.choices[0].message
+    if request.separate_reasoning is False:
+      remainder = ("", "")
+    else:
+      remainder = splitter.remainder(message.reasoning_content, message.content)
+    yield last + stream.close(response, remainder)
+
+  def _opens_reasoning(self, prompt_ids: list[int]) -> bool:
+    """Whether the prompt's generation prompt leaves a think block open."""
+    tail = self.tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
+    return tail.rfind(THINK_OPEN) > tail.rfind(THINK_CLOSE)
+
+  async def _count_tokens(self, raw_body: bytes) -> Response:
+    """`/v1/messages/count_tokens`: the prompt's length in the policy's tokens, rendered from
+    scratch (Anthropic's shape, {"input_tokens": n})."""
+    request, _ = MESSAGES.parse(raw_body)
+    if self.tokenizer is None:
+      raise RequestError("count_tokens needs the policy's tokenizer (a token-level upstream)")
+    check_text_chat(request)
+    try:
+      ids = self.tokenizer.render_chat(_clean_messages(request.messages),
+                                       request.offered_tools(), add_generation_prompt=True,
+                                       **dict(request.chat_template_kwargs or {}))
+    except ChatTemplateError as e:
+      raise RequestError(f"the chat template cannot render these messages: {e}") from None
+    return Response(orjson.dumps({"input_tokens": len(ids)}), media_type="application/json")
 
   async def _after_answer(self, session: _Session) -> None:
     """Work left for after the answer was sent: wake the record writer, and render the
@@ -469,22 +569,41 @@ class RecordingProxy:
     except ValueError as e:
       raise RequestError(f"invalid sampling settings after proxy defaults/overrides: {e}") from e
 
-  async def _token_call(self, session: _Session, request: ChatCompletionRequest
-                        ) -> tuple[ChatCompletionResponse, Callable[[], ModelCall]]:
-    """One chat completion through a token-level upstream: the response, and a function that
-    builds the call's record (run later by the writer thread)."""
+  def _plan_call(self, session: _Session, request: ChatCompletionRequest,
+                 wire: str = "chat_completions") -> "_Call":
+    """The prompt ids and sampling settings of one call (nothing sent yet; the session is
+    not changed).
+
+    Raises:
+      RequestError: invalid sampling settings, or messages the chat template cannot render.
+    """
     started_at, t0 = time.time(), time.perf_counter()
     messages = _clean_messages(request.messages)
     tools = request.offered_tools()
     kwargs = dict(request.chat_template_kwargs or {})
-    plan = self.builder.plan(session, messages, tools, kwargs)
     params = self._sampling(request)
-    if session.call_index > 0 and not plan.continues_segment:
-      session.segment_index += 1
-    t1 = time.perf_counter()
-    out = await self.upstream.generate(plan.ids, params, session_id=session.id,
+    try:
+      plan = self.builder.plan(session, messages, tools, kwargs)
+    except ChatTemplateError as e:
+      raise RequestError(f"the chat template cannot render these messages: {e}") from None
+    return _Call(started_at, t0, time.perf_counter(), messages, tools, kwargs, plan, params, wire)
+
+  async def _token_call(self, session: _Session, request: ChatCompletionRequest,
+                        wire: str = "chat_completions"
+                        ) -> tuple[ChatCompletionResponse, Callable[[], ModelCall]]:
+    """One chat completion through a token-level upstream: the response, and a function that
+    builds the call's record (run later by the writer thread)."""
+    call = self._plan_call(session, request, wire)
+    out = await self.upstream.generate(call.plan.ids, call.params, session_id=session.id,
                                        top_logprobs_num=request.top_logprobs or 0)
-    t2 = time.perf_counter()
+    return self._finish_call(session, request, call, out, time.perf_counter())
+
+  def _finish_call(self, session: _Session, request: ChatCompletionRequest, call: "_Call",
+                   out: Any, t2: float) -> tuple[ChatCompletionResponse, Callable[[], ModelCall]]:
+    """Parse the generated turn, update the session's history checkpoints and counters, and
+    return the chat completion and the function that builds the call's record."""
+    plan, params, messages, tools, kwargs = (call.plan, call.params, call.messages, call.tools,
+                                             call.kwargs)
     message, parsed = assistant_message(out.text, tools, parser=self.tool_call_parser,
                                         separate_reasoning=request.separate_reasoning)
     finish = out.meta_info.finish_reason
@@ -498,6 +617,8 @@ class RecordingProxy:
       completion_tokens=len(out.output_ids), logprobs=logprobs, model=self.served_model_name)
     returned = message.model_dump(exclude_none=True)
     closed = finish is not None and finish.type == "stop" and isinstance(finish.matched, int)
+    if session.call_index > 0 and not plan.continues_segment:
+      session.segment_index += 1
     # Checkpoints share the prompt's id list (never mutated: a later prompt is a new list).
     request_cp = _Checkpoint(plan.key, plan.ids, False, False, session.call_index)
     answer_cp = _Checkpoint(plan.key + (message_key(returned),), plan.ids + out.output_ids,
@@ -513,6 +634,8 @@ class RecordingProxy:
     session.completion_tokens += len(out.output_ids)
     output_logprobs = out.output_logprobs          # raises here when the upstream sent none
     t3, finished_at = time.perf_counter(), time.time()
+    t0, t1, started_at = call.t0, call.t1, call.started_at
+    wire = call.wire
 
     def record() -> ModelCall:
       return ModelCall(
@@ -526,7 +649,7 @@ class RecordingProxy:
         metadata={"timing_s": {"prompt": t1 - t0, "upstream": t2 - t1, "response": t3 - t2,
                                "total": t3 - t0},
                   "reused_prompt_ids": plan.reused, "upstream": self.upstream.description,
-                  "rid": out.meta_info.id,
+                  "rid": out.meta_info.id, "wire": wire, "stream": bool(request.stream),
                   "tool_call_errors": [dataclasses.asdict(e) for e in parsed.errors]
                   if parsed is not None else []})
 
@@ -559,16 +682,47 @@ class RecordingProxy:
     return data, record
 
 
-_CHAT_PREFIX, _CHAT_SUFFIX = "/sessions/", "/v1/chat/completions"
+_PREFIX = "/sessions/"
 
 
-class _ChatFastPath:
-  """ASGI app in front of the proxy's FastAPI app: serves `POST /sessions/{id}/v1/chat/
-  completions` itself (Starlette's Request and Response, the same `RecordingProxy._chat`)
-  and hands everything else, lifespan included, to FastAPI.
+class _LockedStream(StreamingResponse):
+  """A streaming response that releases its session's lock once it is over, also when the
+  client went away before the body's first event (its generator then never starts)."""
+
+  def __init__(self, content: AsyncIterator[str], lock: asyncio.Lock, **kwargs: Any):
+    super().__init__(content, **kwargs)
+    self._lock = lock
+
+  async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+    try:
+      await super().__call__(scope, receive, send)
+    finally:
+      aclose = getattr(self.body_iterator, "aclose", None)
+      if aclose is not None:
+        await aclose()
+      if self._lock.locked():
+        self._lock.release()
+
+
+def _wire_of(path: str) -> Optional[tuple[str, Wire]]:
+  """(session id, wire) of a model-call path `/sessions/{id}/v1/{wire path}`, else None."""
+  if not path.startswith(_PREFIX):
+    return None
+  session_id, sep, rest = path[len(_PREFIX):].partition("/v1/")
+  wire = WIRES.get(rest) if sep else None
+  if wire is None or not session_id or "/" in session_id:
+    return None
+  return session_id, wire
+
+
+class _WireFastPath:
+  """ASGI app in front of the proxy's FastAPI app: serves `POST /sessions/{id}/v1/{chat/
+  completions, responses, messages}` itself (Starlette's Request and Response, the same
+  `RecordingProxy._serve`) and hands everything else, lifespan included, to FastAPI.
 
   FastAPI's middleware stack, routing and dependency solving cost ~0.2 ms of CPU per request
-  on the one route every model call takes; errors get the same bodies as FastAPI's handlers.
+  on the routes every model call takes; errors get the same bodies as FastAPI's handlers,
+  in each wire's shape.
   """
 
   def __init__(self, proxy: "RecordingProxy", app: fastapi.FastAPI):
@@ -576,24 +730,35 @@ class _ChatFastPath:
     self.app = app
 
   async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-    path = scope.get("path", "")
-    if (scope["type"] != "http" or scope["method"] != "POST"
-        or not path.startswith(_CHAT_PREFIX) or not path.endswith(_CHAT_SUFFIX)):
+    found = (_wire_of(scope.get("path", ""))
+             if scope["type"] == "http" and scope["method"] == "POST" else None)
+    if found is None:
       return await self.app(scope, receive, send)
-    session_id = path[len(_CHAT_PREFIX):-len(_CHAT_SUFFIX)]
-    if not session_id or "/" in session_id:
-      return await self.app(scope, receive, send)
+    session_id, wire = found
     try:
-      response = await self.proxy._chat(session_id, await Request(scope, receive).body())
+      response = await self.proxy._serve(wire, session_id, await Request(scope, receive).body())
     except RolloutError as e:
-      response = _rollout_error_response(e)
+      response = wire.error(_rollout_message(e), _rollout_status(e))
     except ClientDisconnect:
       return
     except Exception as e:  # noqa: BLE001 - answer like FastAPI would, with the reason
-      _log.exception("chat completion of session %s failed", session_id)
-      response = error_response(f"internal error: {type(e).__name__}: {e}", 500,
-                                "InternalServerError")
+      _log.exception("%s call of session %s failed", wire.name, session_id)
+      response = wire.error(f"internal error: {type(e).__name__}: {e}", 500)
     await response(scope, receive, send)
+
+
+def _rollout_status(exc: RolloutError) -> int:
+  """400 for a bad request (or one the upstream refused as bad), 502 for another upstream
+  failure, 503 otherwise."""
+  if isinstance(exc, RequestError):
+    return 400
+  if isinstance(exc, UpstreamError):
+    return 400 if exc.status_code == 400 else 502
+  return 503
+
+
+def _rollout_message(exc: RolloutError) -> str:
+  return f"upstream {exc.url}: {exc}" if isinstance(exc, UpstreamError) else str(exc)
 
 
 def _rollout_error_response(exc: RolloutError) -> Response:
@@ -606,19 +771,6 @@ def _rollout_error_response(exc: RolloutError) -> Response:
     return error_response(f"upstream {exc.url}: {exc}", status,
                           "BadRequestError" if status == 400 else "UpstreamError")
   return error_response(str(exc), 503, "ServiceUnavailableError")
-
-
-def _parse_chat_request(body: bytes) -> ChatCompletionRequest:
-  """The request body as a `ChatCompletionRequest`.
-
-  Raises:
-    RequestError: the body is not JSON or not a valid chat-completions request; the message
-      names each invalid field ("messages.0.role: ...").
-  """
-  try:
-    return ChatCompletionRequest.model_validate_json(body)
-  except pydantic.ValidationError as e:
-    raise RequestError(validation_message(e.errors())) from None
 
 
 def _version(value: Optional[str]) -> Optional[int]:

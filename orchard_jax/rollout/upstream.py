@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Optional, Sequence, Union
 
 import httpx
 import tenacity
@@ -42,6 +42,15 @@ class SGLangUpstream:
                      session_id: str, top_logprobs_num: int = 0) -> GenerateResponse:
     """Sample a continuation of prompt_ids, with the log-prob of every sampled token."""
     return await self.client.generate(
+      input_ids=prompt_ids, sampling_params=params, return_logprob=True,
+      top_logprobs_num=top_logprobs_num or None, session_id=session_id)
+
+  def generate_stream(self, prompt_ids: Sequence[int], params: SamplingParams, *,
+                      session_id: str, top_logprobs_num: int = 0
+                      ) -> AsyncIterator[GenerateResponse]:
+    """`generate` streamed: the cumulative result after each engine step, the last one
+    finished (`AsyncSGLangClient.generate_stream`)."""
+    return self.client.generate_stream(
       input_ids=prompt_ids, sampling_params=params, return_logprob=True,
       top_logprobs_num=top_logprobs_num or None, session_id=session_id)
 

@@ -25,6 +25,12 @@ class _CapturingUpstream(SGLangUpstream):
     self.responses.append((list(prompt_ids), out))
     return out
 
+  async def generate_stream(self, prompt_ids, params, **kwargs):
+    async for out in super().generate_stream(prompt_ids, params, **kwargs):
+      if out.meta_info.finish_reason is not None:
+        self.responses.append((list(prompt_ids), out))
+      yield out
+
 
 @pytest.fixture
 def stack(engine, tokenizer, tmp_path):
