@@ -75,7 +75,9 @@ def run_episode(task: Task, env_client, agent: AgentFn, *, seed: int = 0,
 
   Args:
     task: the task.
-    env_client: an Orchard Env SandboxClient.
+    env_client: an Orchard Env SandboxClient (the services run in a fresh sandbox), or None to
+      run them in this process (`LocalWorld`: only for scripted agents, which cannot touch the
+      host).
     agent: `agent(world, backend, instruction)` -> a run result.
     seed: the fault injector's seed (one per trial: trials meet different random faults).
     rubric_grader: passed to `grading.grade` (None: rubric items are not judged).
@@ -87,7 +89,12 @@ def run_episode(task: Task, env_client, agent: AgentFn, *, seed: int = 0,
   t0 = time.perf_counter()
   startup = 0.0
   try:
-    with ClawWorld(env_client, task.service_resets(seed), **(world_options or {})) as world:
+    if env_client is None:
+      from orchard_jax.tasks.claw.local_world import LocalWorld
+      world_cm = LocalWorld(task.service_resets(seed))
+    else:
+      world_cm = ClawWorld(env_client, task.service_resets(seed), **(world_options or {}))
+    with world_cm as world:
       startup = world.startup_s
       initial = ({s: world.state(s) for s in task.services}
                  if task.needs_initial_state else None)

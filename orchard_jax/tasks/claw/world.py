@@ -27,7 +27,7 @@ import json
 import secrets
 import shlex
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import httpx
 
@@ -95,6 +95,21 @@ def result_text(body: Any, limit: int = MAX_RESULT_CHARS) -> str:
     text = (text[:limit] + f"... [{len(text) - limit} more characters cut; ask for fewer "
             "results]")
   return text
+
+
+def tool_result(tool: str, status: int, body: Any, seconds: float) -> ToolResult:
+  """The result of a call the service answered with `status` and `body`."""
+  if 200 <= status < 300:
+    return ToolResult(tool, status, body, result_text(body), False, seconds=seconds)
+  return ToolResult(tool, status, body, error_text(status, body), True, seconds=seconds)
+
+
+def unknown_tool(tool: str, services: Iterable[str]) -> ToolResult:
+  """The result of a call to a tool no running service has."""
+  names = set(services)
+  offered = sorted(t for t, s in TOOLS.items() if s.service in names)
+  return ToolResult(tool, 0, None, f"Error: unknown tool {tool!r}; the tools here are "
+                    f"{', '.join(offered)}", True)
 
 
 class ClawWorld:
@@ -195,9 +210,7 @@ class ClawWorld:
     t0 = time.perf_counter()
     spec = TOOLS.get(tool)
     if spec is None or spec.service not in self.urls:
-      offered = sorted(t for t, s in TOOLS.items() if s.service in self.urls)
-      return ToolResult(tool, 0, None, f"Error: unknown tool {tool!r}; the tools here are "
-                        f"{', '.join(offered)}", True, seconds=time.perf_counter() - t0)
+      return unknown_tool(tool, self.urls)
     if spec.service in self._dead:
       return self._abort(tool, spec.service, self._dead[spec.service], t0)
     content = arguments if isinstance(arguments, (str, bytes)) else json.dumps(arguments)
@@ -218,12 +231,7 @@ class ClawWorld:
       body = response.text
     if _gateway_failure(response, body):
       return self._abort(tool, spec.service, self._death_reason(spec.service, body), t0)
-    seconds = time.perf_counter() - t0
-    if 200 <= response.status_code < 300:
-      return ToolResult(tool, response.status_code, body, result_text(body), False,
-                        seconds=seconds)
-    return ToolResult(tool, response.status_code, body, error_text(response.status_code, body),
-                      True, seconds=seconds)
+    return tool_result(tool, response.status_code, body, time.perf_counter() - t0)
 
   def _client(self) -> httpx.Client:
     if self._http is None:
@@ -319,7 +327,7 @@ class ServiceTools:
     tools: the OpenAI schemas offered.
   """
 
-  def __init__(self, world: ClawWorld, tools: Sequence[Tool]):
+  def __init__(self, world: Any, tools: Sequence[Tool]):
     self.world = world
     self.offered = {t.name for t in tools}
     self.tools = [t.openai_schema() for t in tools]

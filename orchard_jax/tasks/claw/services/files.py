@@ -121,7 +121,9 @@ class FilesService(Service):
                       ["path", "content"]), FilesService.write, mutates=True),
         Operation("files_mkdir", "/files/mkdir", "Create a folder (and its parents).",
                   obj({"path": _PATH}, ["path"]), FilesService.mkdir, mutates=True),
-        Operation("files_move", "/files/move", "Move or rename a file or folder.",
+        Operation("files_move", "/files/move",
+                  "Move or rename a file or folder; a destination ending in / is a folder to "
+                  "move it into (created if needed).",
                   obj({"source": _PATH, "destination": _PATH,
                        "overwrite": boolean("replace an existing destination file")},
                       ["source", "destination"]), FilesService.move, mutates=True),
@@ -181,6 +183,9 @@ class FilesService(Service):
   def _target(self, a: Dict[str, Any], source: Dict[str, Any]) -> str:
     destination = normalise(a["destination"], "destination")
     existing = self._entry(destination)
+    if existing is None and a["destination"].endswith("/"):   # "into this folder": create it
+      self._mkdirs(destination, self.now())
+      existing = self._entry(destination)
     if existing is not None and existing["kind"] == "folder":
       destination = posixpath.join(destination, posixpath.basename(source["id"]))
       existing = self._entry(destination)
