@@ -52,6 +52,19 @@ _HOP_HEADERS = {"connection", "keep-alive", "proxy-authenticate", "proxy-authori
                 "trailers", "transfer-encoding", "upgrade", "host", "content-length"}
 
 
+def validation_error(errors) -> InvalidRequest:
+  """One InvalidRequest naming every field a request got wrong ("memory: ...; env: ...")."""
+  fields, problems = [], []
+  for e in errors:
+    loc = [str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path")]
+    field = ".".join(loc)
+    message = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+    if field and field not in fields:
+      fields.append(field)
+    problems.append(f"{field}: {message}" if field and not message.startswith(field) else message)
+  return InvalidRequest("invalid request: " + "; ".join(problems), details={"fields": fields})
+
+
 def _check_key(given: Optional[str], keys: tuple) -> None:
   if not given:
     raise AuthenticationError(f"missing {API_KEY_HEADER} header")
@@ -151,9 +164,7 @@ def build_app(manager: SandboxManager, api_keys, *, public_url: Optional[str] = 
 
   @app.exception_handler(fastapi.exceptions.RequestValidationError)
   async def _validation_error(request, exc):
-    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-    return responses.JSONResponse(InvalidRequest(f"invalid request: {problems}").to_json(),
-                                  status_code=422)
+    return responses.JSONResponse(validation_error(exc.errors()).to_json(), status_code=422)
 
   @app.get("/health")
   async def health():

@@ -300,9 +300,16 @@ def process_tree(root: int, candidates=None) -> list:
   return sorted(tree)
 
 
-def kill_process_tree(root: int, candidates_fn=None, timeout: float = 5.0) -> None:
+def kill_process_tree(root: int, candidates_fn=None, timeout: float = 5.0,
+                      belongs=None) -> None:
   """SIGKILLs `root`'s process tree (see process_tree), again and again until no member is
-  left alive (a fork bomb keeps forking while it is being killed) or `timeout` seconds pass."""
+  left alive (a fork bomb keeps forking while it is being killed) or `timeout` seconds pass.
+
+  Args:
+    candidates_fn: returns the pids to consider (e.g. the sandbox's cgroup members).
+    belongs: pid -> bool, checked on a pidfd held for the kill, so a pid that is not (or no
+      longer) a process of the sandbox is never signalled, reused or not.
+  """
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
     pids = process_tree(root, candidates_fn() if candidates_fn else None)
@@ -310,12 +317,20 @@ def kill_process_tree(root: int, candidates_fn=None, timeout: float = 5.0) -> No
     if not alive:
       return
     for pid in alive:
-      try:
-        os.kill(pid, signal.SIGKILL)
-      except (ProcessLookupError, PermissionError):
-        pass
-    try:
-      os.killpg(root, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-      pass
+      _kill_verified(pid, belongs)
     time.sleep(0.002)
+
+
+def _kill_verified(pid: int, belongs) -> None:
+  try:
+    fd = os.pidfd_open(pid)
+  except OSError:   # gone already
+    return
+  try:
+    if belongs is not None and not belongs(pid):
+      return
+    signal.pidfd_send_signal(fd, signal.SIGKILL)
+  except OSError:
+    pass
+  finally:
+    os.close(fd)

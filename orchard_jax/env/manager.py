@@ -353,14 +353,11 @@ class SandboxManager:
     if cap > self.config.max_output_bytes:
       raise InvalidRequest(f"max_output_bytes {cap} exceeds the service's ceiling "
                            f"{self.config.max_output_bytes}")
-    stdin = None
-    if request.stdin_b64 is not None:
-      stdin = base64.b64decode(request.stdin_b64)
-    elif request.stdin is not None:
-      stdin = request.stdin.encode()
+    stdin = request.stdin_bytes
     timeout = request.timeout if request.timeout is not None else self.config.default_exec_timeout
+    cwd = self._path(record, request.cwd, "cwd") if request.cwd else record["workdir"]
     return _jobs.JobSpec(command=request.command, shell=request.shell,
-                         cwd=request.cwd or record["workdir"], env=env, timeout=timeout,
+                         cwd=cwd, env=env, timeout=timeout,
                          merge_stderr=request.merge_stderr, max_output_bytes=cap, stdin=stdin)
 
   async def exec(self, sandbox_id: str, request: _api.Exec) -> dict:
@@ -456,11 +453,14 @@ class SandboxManager:
     return await self.backend.wait_job(sandbox_id, record["ref"], job_id, job_ref, None)
 
   # ------------------------------------------------------------------ files and patches
-  def _path(self, record, path):
-    if not path:
-      raise InvalidRequest("path is required")
+  def _path(self, record, path, what="path"):
+    """The absolute, normalised path of `path` (relative paths are under the workdir)."""
+    try:
+      path = _api.sandbox_path(path or "", what)
+    except ValueError as e:
+      raise InvalidRequest(str(e), details={"field": what}) from None
     if not path.startswith("/"):
-      path = record["workdir"].rstrip("/") + "/" + path
+      path = _api.sandbox_path(record["workdir"].rstrip("/") + "/" + path)
     return path
 
   async def read_file(self, sandbox_id: str, path: str) -> bytes:
@@ -483,12 +483,9 @@ class SandboxManager:
   async def apply_patch(self, sandbox_id: str, request: _api.Patch) -> dict:
     """Applies a unified diff: `git apply`, else GNU `patch --forward --fuzz=5` (checked with
     --dry-run first, so a failed attempt changes nothing). Returns {applied, method, output}."""
-    if (request.patch is None) == (request.patch_b64 is None):
-      raise InvalidRequest("give exactly one of patch (text) or patch_b64 (bytes)")
-    data = (base64.b64decode(request.patch_b64) if request.patch_b64 is not None
-            else request.patch.encode())
+    data = request.data
     record = await self.ready_record(sandbox_id)
-    cwd = request.cwd or record["workdir"]
+    cwd = self._path(record, request.cwd, "cwd") if request.cwd else record["workdir"]
     path = f"/tmp/.orchard-patch-{secrets.token_hex(6)}.diff"
     await self.backend.write_file(sandbox_id, record["ref"], path, data, 0o644)
     patch_cmd = ["patch", "--batch", "--forward", "--fuzz=5", "-p1", "-i", path]

@@ -16,6 +16,9 @@ the NetworkPolicies that select the pod, as a CNI would enforce them: none by de
 internet rule (0.0.0.0/0 with exceptions) gives the pod slirp4netns with the host's loopback
 unreachable (the exceptions themselves are not enforced here); an ipBlock /32 rule with a TCP
 port is relayed from that address and port inside the pod to the same address on the host.
+The pod's seccomp profile (RuntimeDefault or Localhost) is applied to the sandbox container with
+bubblewrap's --seccomp as orchard_jax.env.seccomp's profile, which refuses what the container
+runtimes' default profiles refuse to a container without CAP_SYS_ADMIN.
 The agent image is a folder holding the agent bundle (orchard_jax.env.agent.bundle).
 """
 import asyncio
@@ -38,6 +41,7 @@ import uvicorn
 from fastapi import responses
 
 from orchard_jax.env.agent.bundle import build_bundle
+from orchard_jax.env import seccomp
 from orchard_jax.env.backends import _network
 from orchard_jax.env.backends._cgroups import CgroupManager
 from orchard_jax.env.api import parse_bytes
@@ -46,6 +50,7 @@ K8S_VERSION = "1.30.0"
 NODE_PIDS_LIMIT = 256
 NEVER_READY_IMAGE = "never-ready:latest"
 _INFO_FD = "<info fd>"
+_SECCOMP_FD = "<seccomp fd>"
 _HOST_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt")
 
 
@@ -301,6 +306,11 @@ class FakeCluster:
       with open(os.path.join(handle.folder, "hosts"), "w") as f:
         f.write("127.0.0.1\tlocalhost\n" + hosts)
       argv += ["--ro-bind", os.path.join(handle.folder, "hosts"), "/etc/hosts"]
+    profile = pod["spec"].get("securityContext", {}).get("seccompProfile", {}).get("type")
+    if not network and profile in ("RuntimeDefault", "Localhost"):
+      with open(os.path.join(handle.folder, "seccomp.bpf"), "wb") as f:
+        f.write(seccomp.compile_bpf())
+      argv += ["--seccomp", _SECCOMP_FD]
     if not network:
       with open(os.path.join(handle.folder, "resolv.conf"), "w") as f:
         f.write(f"nameserver {_network.SLIRP_DNS}\n")
@@ -331,20 +341,26 @@ class FakeCluster:
       argv += ["--setenv", key, value]
     return argv + ["--"] + command
 
-  async def _start(self, argv, cgroup_procs):
-    """Starts bwrap; returns (process, pid of the container's first process)."""
+  async def _start(self, argv, cgroup_procs, seccomp_file=None):
+    """Starts bwrap (with `seccomp_file` on the descriptor _argv marked); returns (process,
+    pid of the container's first process)."""
     def join():
       for path in cgroup_procs:
         with open(path, "w") as f:
           f.write(str(os.getpid()))
     info_r, info_w = os.pipe()
+    passed = [info_w]
+    if _SECCOMP_FD in argv:
+      passed.append(os.open(seccomp_file, os.O_RDONLY))
+    fd_of = {_INFO_FD: str(info_w), _SECCOMP_FD: str(passed[-1])}
     try:
       process = await asyncio.create_subprocess_exec(
-          *[str(info_w) if a == _INFO_FD else a for a in argv], stdin=asyncio.subprocess.DEVNULL,
+          *[fd_of.get(a, a) for a in argv], stdin=asyncio.subprocess.DEVNULL,
           stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-          preexec_fn=join, pass_fds=(info_w,), start_new_session=True)
+          preexec_fn=join, pass_fds=tuple(passed), start_new_session=True)
     finally:
-      os.close(info_w)
+      for fd in passed:
+        os.close(fd)
     data = await asyncio.to_thread(_read_json, info_r)
     return process, data.get("child-pid")
 
@@ -369,7 +385,7 @@ class FakeCluster:
                                message=err.decode(errors="replace")[-500:])
         return
     handle.process, child = await self._start(self._argv(main, pod, handle, volumes, False),
-                                              procs)
+                                              procs, os.path.join(handle.folder, "seccomp.bpf"))
     port = main["ports"][0]["containerPort"]
     handle.forwarder = await asyncio.start_server(
         lambda r, w: _relay(r, w, handle.folder + "/run/agent.sock"), handle.ip, port)

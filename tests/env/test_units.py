@@ -33,22 +33,28 @@ def test_capped_buffer_keeps_head_and_tail(limit, chunks):
 
 # ---------------------------------------------------------------------------- units
 @pytest.mark.parametrize("text,expected", [
-    (1024, 1024), ("512Mi", 512 * 2**20), ("2G", 2 * 10**9), ("1.5Gi", int(1.5 * 2**30)),
-    ("100k", 100_000), ("64KiB", 65536), ("7", 7)])
+    (1024, 1024), ("512Mi", 512 * 2**20), ("2G", 2 * 10**9), ("1.5Gi", 3 * 2**29),
+    ("100k", 100_000), ("64Ki", 65536), ("7", 7), (4096.0, 4096), ("1Ei", 2**60),
+    ("0.1Ki", 103)])   # fractions round up to whole bytes, as Kubernetes does
 def test_parse_bytes(text, expected):
   assert api.parse_bytes(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["lots", "-1", "1Xi", True, -5])
-def test_parse_bytes_rejects(bad):
-  with pytest.raises(ValueError, match="quantity|>= 0|bytes"):
-    api.parse_bytes(bad)
+@pytest.mark.parametrize("bad,hint", [
+    ("1Gb", "'Gi'"), ("1GB", "'Gi'"), ("1gb", "'Gi'"), ("64KiB", "'Ki'"), ("1K", "'k'"),
+    ("512m", "milli"), ("lots", "quantity"), ("-1", "quantity"), ("1Xi", "suffix"),
+    (True, "quantity"), (-5, "2\\^60"), (1.5, "whole"), (float("inf"), "whole"),
+    ("2Ei", "at most")])
+def test_parse_bytes_refuses_what_could_mean_two_things(bad, hint):
+  with pytest.raises(ValueError, match=hint):
+    api.parse_bytes(bad, "memory")
 
 
 def test_parse_cpu():
-  assert api.parse_cpu("500m") == 0.5 and api.parse_cpu(2) == 2.0
-  with pytest.raises(ValueError):
-    api.parse_cpu("0")
+  assert api.parse_cpu("500m") == 0.5 and api.parse_cpu(2) == 2.0 and api.parse_cpu("10m") == 0.01
+  for bad in ("0", "5m", "500M", float("nan"), float("inf"), True, "1.5 cores"):
+    with pytest.raises(ValueError, match="cpu"):
+      api.parse_cpu(bad)
 
 
 # ---------------------------------------------------------------------------- images

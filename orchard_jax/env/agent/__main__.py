@@ -13,6 +13,18 @@ import uvicorn
 from orchard_jax.env.agent.server import TOKEN_ENV, build_app
 
 
+def _not_dumpable():
+  """Makes the agent's /proc entries (descriptors, memory, the environment it started with,
+  which held the token) inaccessible to the commands it runs, which share its user: the
+  kernel gives a non-dumpable process's /proc files to root. Commands are dumpable again
+  after their exec, as usual."""
+  import ctypes
+  libc = ctypes.CDLL(None, use_errno=True)
+  if libc.prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE, 0
+    raise SystemExit(f"orchard-agent: prctl(PR_SET_DUMPABLE, 0) failed: "
+                     f"{os.strerror(ctypes.get_errno())}")
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="orchard-agent")
   parser.add_argument("--host", default="0.0.0.0")
@@ -23,6 +35,7 @@ def main(argv=None):
   if not token:
     raise SystemExit(f"${TOKEN_ENV} is not set; the agent refuses to run without a token")
   os.environ.pop(TOKEN_ENV)
+  _not_dumpable()
   sockets = []
   tcp = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
   tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

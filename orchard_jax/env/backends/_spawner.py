@@ -57,6 +57,67 @@ class _SpawnError(Exception):
   pass
 
 
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+
+class _SockFprog(ctypes.Structure):
+  _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class _Filter:
+  """The sandbox's seccomp program (classic BPF bytes from the service), ready to install."""
+
+  def __init__(self, program: bytes):
+    self.buffer = ctypes.create_string_buffer(program, len(program))
+    self.prog = _SockFprog(len(program) // 8, ctypes.addressof(self.buffer))
+
+  def install(self):
+    """Installs the filter on the calling process (inherited by everything it starts)."""
+    _check(_libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(self.prog), 0, 0),
+           "installing the seccomp filter")
+
+
+_FILTER = None   # set in main() from the service's program
+
+
+def _exec_child(req, fds):
+  """The command's own process, between fork and exec: a new session, the sandbox user, the
+  working directory, standard streams 0-2 and nothing else, default signals, the seccomp
+  filter, then exec. A failure before exec is written to the `status` descriptor (closed by
+  the exec itself: the command never holds it). Never returns."""
+  status = fds["status"]
+  try:
+    os.setsid()
+    _drop_privileges(req.get("creds"))
+    cwd = req.get("cwd") or "/"
+    try:
+      os.chdir(cwd)
+    except OSError as e:
+      raise _SpawnError(f"working directory {cwd!r} is not usable in the sandbox: "
+                        f"{os.strerror(e.errno)}") from None
+    argv = _command_argv(req)
+    env = req.get("env") or {}
+    path = _which(argv[0], env)
+    for target, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+      os.dup2(fds[name], target)
+    os.closerange(3, status)
+    os.closerange(status + 1, 1 << 20)
+    for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
+      signal.signal(sig, signal.SIG_DFL)
+    if _FILTER is not None:
+      _FILTER.install()
+    try:
+      os.execve(path, argv, env)
+    except OSError as e:
+      raise _SpawnError(f"cannot start {argv[0]!r}: {os.strerror(e.errno)}") from None
+  except BaseException as e:  # noqa: BLE001 - reported to the service, then exit
+    msg = str(e) if isinstance(e, _SpawnError) else f"cannot start {req['argv'][0]!r}: {e!r}"
+    _write_json(status, {"error": msg})
+  finally:
+    os._exit(127)
+
+
 def _check(ret, what):
   if ret != 0:
     err = ctypes.get_errno()
@@ -138,8 +199,11 @@ def _exec_command(req, fds, err_w):
           os.close(fd)
         except OSError:
           pass
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
+      signal.signal(sig, signal.SIG_DFL)
     os.set_inheritable(err_w, False)
+    if req.get("mode") != "direct" and _FILTER is not None:
+      _FILTER.install()
     os.execvpe(argv[0], argv, req.get("env") or {})
   except BaseException as e:  # noqa: BLE001 - reported to the orchestrator, then exit
     if isinstance(e, _SpawnError):
@@ -191,38 +255,15 @@ def _which(name, env):
 
 
 def _fork_command(req, fds):
-  """Starts the command (posix_spawn: a vfork-style clone, so it lands in the pid namespace
-  entered above), reports its pid, waits for it and reports how it ended.
-
-  This middle process drops to the sandbox's credentials first, so the command inherits
-  them, no_new_privs and the working directory without any code between clone and exec.
-  """
+  """Runs in the middle process (outside the sandbox's pid namespace after entering it):
+  forks the command, which lands in the namespace (see _exec_child), reports its pid, waits
+  for it and reports how it ended."""
   status_fd = fds["status"]
-  try:
-    if req.get("tty"):
-      return _fork_tty_command(req, fds)
-    _drop_privileges(req.get("creds"))
-    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-    cwd = req.get("cwd") or "/"
-    try:
-      os.chdir(cwd)
-    except OSError as e:
-      raise _SpawnError(f"working directory {cwd!r} is not usable in the sandbox: "
-                        f"{os.strerror(e.errno)}") from None
-    argv = _command_argv(req)
-    env = req.get("env") or {}
-    path = _which(argv[0], env)
-    actions = [(os.POSIX_SPAWN_DUP2, fds["stdin"], 0), (os.POSIX_SPAWN_DUP2, fds["stdout"], 1),
-               (os.POSIX_SPAWN_DUP2, fds["stderr"], 2)]
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    try:
-      pid = os.posix_spawn(path, argv, env, file_actions=actions, setsid=True,
-                           setsigdef=(signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT))
-    except OSError as e:
-      raise _SpawnError(f"cannot start {argv[0]!r}: {os.strerror(e.errno)}") from None
-  except _SpawnError as e:
-    _write_json(status_fd, {"error": str(e)})
-    return
+  if req.get("tty"):
+    return _fork_tty_command(req, fds)
+  pid = os.fork()
+  if pid == 0:
+    _exec_child(req, fds)
   _write_json(status_fd, {"pid": pid})
   for name in ("stdin", "stdout", "stderr"):
     try:
@@ -438,7 +479,8 @@ class _InPlace:
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)   # harmless for the helper, inherited by every command
 
   def spawn(self, req, fds):
-    """Returns the command's pid; raises _SpawnError (nothing started, state restored)."""
+    """Returns the command's pid (its process reports its own start-up failure on the
+    status descriptor); raises _SpawnError when nothing was started (state restored)."""
     entered = False
     try:
       _join_cgroups(req.get("cgroups", ()))
@@ -446,27 +488,14 @@ class _InPlace:
         _setns(fds["pidfd"], req["ns_flags"])
         entered = True
       os.chdir("/")
-      cwd = req.get("cwd") or "/"
       try:
-        os.chdir(cwd)
+        pid = os.fork()
       except OSError as e:
-        raise _SpawnError(f"working directory {cwd!r} is not usable in the sandbox: "
-                          f"{os.strerror(e.errno)}") from None
-      argv = _command_argv(req)
-      env = req.get("env") or {}
-      path = _which(argv[0], env)
-      creds = req.get("creds")
-      if creds:
-        os.setgroups([])
-        os.setresgid(creds["gid"], creds["gid"], 0)
-        os.setresuid(creds["uid"], creds["uid"], 0)
-      actions = [(os.POSIX_SPAWN_DUP2, fds["stdin"], 0), (os.POSIX_SPAWN_DUP2, fds["stdout"], 1),
-                 (os.POSIX_SPAWN_DUP2, fds["stderr"], 2)]
-      try:
-        return os.posix_spawn(path, argv, env, file_actions=actions, setsid=True,
-                              setsigdef=(signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT))
-      except OSError as e:
-        raise _SpawnError(f"cannot start {argv[0]!r}: {os.strerror(e.errno)}") from None
+        raise _SpawnError(f"cannot start a process in the sandbox: {os.strerror(e.errno)} "
+                          f"(its pids limit may be reached)") from None
+      if pid == 0:
+        _exec_child(req, fds)
+      return pid
     except OSError as e:
       raise _SpawnError(f"cannot enter the sandbox: {e}") from None
     finally:
@@ -506,8 +535,85 @@ class _InPlace:
       os._exit(3)
 
 
+def _receive(sock):
+  """The next request as (dict, {name: fd}, [all fds]); every descriptor received is
+  close-on-exec. (None, None, fds) for a message that is not a valid request (its fds are
+  then closed by the caller); raises EOFError when the service has gone."""
+  # recvmsg itself with MSG_CMSG_CLOEXEC (socket.recv_fds drops its flags before 3.12), so no
+  # descriptor is ever inheritable, not even between receiving it and marking it.
+  msg, ancdata, flags, _ = sock.recvmsg(1 << 20, socket.CMSG_SPACE(_MAX_FDS * 4),
+                                        socket.MSG_CMSG_CLOEXEC)
+  fdlist = []
+  for level, kind, data in ancdata:
+    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+      fdlist += list(struct.unpack(f"{len(data) // 4}i", data[:len(data) - len(data) % 4]))
+  for fd in fdlist:
+    os.set_inheritable(fd, False)
+  if not msg and not fdlist:
+    raise EOFError
+  if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+    return None, None, fdlist
+  try:
+    req = json.loads(msg)
+    names = req.pop("fds")
+    if not isinstance(req.get("op"), str) or len(names) != len(fdlist):
+      return None, None, fdlist
+  except (ValueError, TypeError, KeyError, AttributeError):
+    return None, None, fdlist
+  fds, extra = {}, []
+  for name, fd in zip(names, fdlist):
+    if name == "extra":
+      extra.append(fd)
+    else:
+      fds[name] = fd
+  fds["extra"] = extra
+  return req, fds, fdlist
+
+
+def _serve(req, fds, sock, wake, in_place, direct):
+  """Handles one request. Whatever goes wrong stays with this request: it is reported on the
+  request's own status or reply descriptor, never taken out on the helper."""
+  op = req["op"]
+  userns = req.get("ns_flags", 0) & _CLONE_NEWUSER
+  if in_place is not None and op == "own" and not userns:
+    in_place.own(req, fds)
+    return
+  if (in_place is not None and op == "spawn" and req.get("mode") == "enter"
+      and not req.get("tty") and not userns):
+    try:
+      pid = in_place.spawn(req, fds)
+      _write_json(fds["status"], {"pid": pid})
+      direct[pid] = os.dup(fds["status"])
+    except _SpawnError as e:
+      _write_json(fds["status"], {"error": str(e)})
+    return
+  pid = os.fork()
+  if pid == 0:
+    sock.close()
+    for fd in wake:
+      os.close(fd)
+    _child(req, fds)
+  if op == "spawn" and req.get("mode") == "direct":
+    _write_json(fds["status"], {"pid": pid})
+    direct[pid] = os.dup(fds["status"])
+
+
+def _report_failure(req, fds, error):
+  target = fds.get("status", fds.get("reply"))
+  if target is None:
+    return
+  if req.get("op") in ("file", "own"):
+    _write_json(target, {"ok": False, "errno": None, "error": f"spawner: {error}"})
+  else:
+    _write_json(target, {"error": f"cannot start: {error}"})
+
+
 def main():
+  global _FILTER
   sock = socket.socket(fileno=int(sys.argv[1]))
+  os.set_inheritable(sock.fileno(), False)
+  if len(sys.argv) > 2 and sys.argv[2]:
+    _FILTER = _Filter(bytes.fromhex(sys.argv[2]))
   parent = os.getppid()
   _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
   if os.getppid() != parent:
@@ -525,48 +631,24 @@ def main():
     for key, _ in sel.select():
       if key.fileobj is sock:
         try:
-          msg, fdlist, _, _ = socket.recv_fds(sock, 1 << 20, _MAX_FDS)
-        except InterruptedError:
+          req, fds, fdlist = _receive(sock)
+        except (InterruptedError, BlockingIOError):
           continue
-        if not msg:
+        except EOFError:
           os._exit(0)
-        req = json.loads(msg)
-        names = req.pop("fds")
-        fds = {}
-        extra = []
-        for name, fd in zip(names, fdlist):
-          if name == "extra":
-            extra.append(fd)
-          else:
-            fds[name] = fd
-        fds["extra"] = extra
-        if in_place is not None and req["op"] == "own" and not req["ns_flags"] & _CLONE_NEWUSER:
-          in_place.own(req, fds)
-          for fd in fdlist:
-            os.close(fd)
+        except OSError:
           continue
-        if (in_place is not None and req["op"] == "spawn" and req.get("mode") == "enter"
-            and not req.get("tty") and not req["ns_flags"] & _CLONE_NEWUSER):
-          try:
-            pid = in_place.spawn(req, fds)
-            _write_json(fds["status"], {"pid": pid})
-            direct[pid] = os.dup(fds["status"])
-          except _SpawnError as e:
-            _write_json(fds["status"], {"error": str(e)})
+        try:
+          if req is not None:
+            _serve(req, fds, sock, (wake_r, wake_w), in_place, direct)
+        except Exception as e:  # noqa: BLE001 - one bad request never ends the helper
+          _report_failure(req, fds, f"{type(e).__name__}: {e}")
+        finally:
           for fd in fdlist:
-            os.close(fd)
-          continue
-        pid = os.fork()
-        if pid == 0:
-          sock.close()
-          os.close(wake_r)
-          os.close(wake_w)
-          _child(req, fds)
-        if req["op"] == "spawn" and req.get("mode") == "direct":
-          _write_json(fds["status"], {"pid": pid})
-          direct[pid] = os.dup(fds["status"])
-        for fd in fdlist:
-          os.close(fd)
+            try:
+              os.close(fd)
+            except OSError:
+              pass
       else:
         try:
           while os.read(wake_r, 4096):

@@ -54,6 +54,11 @@ class KubernetesConfig:
     agent_request_timeout: seconds for one request to an agent (long polls add their wait).
     node_pids_limit: the kubelet's podPidsLimit on the sandbox nodes, if set there; a request's
       pids limit is accepted only when at least this (Kubernetes has no per-pod pids field).
+    seccomp_profile: the sandbox pod's seccomp profile: "RuntimeDefault" (the container
+      runtime's default, Docker's list: no namespaces, mounts, bpf, keyctl, ptrace of others
+      for a container without CAP_SYS_ADMIN) or "Localhost:<path>", a profile the nodes hold
+      under /var/lib/kubelet/seccomp (orchard_jax.env.seccomp.oci_profile_json() writes ours;
+      launch/k8s/env_service.py installs it with a DaemonSet).
     internet_except: CIDRs a network=True sandbox may not reach (default: private, shared,
       link-local and loopback ranges: the cluster's pods, services and nodes, and cloud
       metadata endpoints).
@@ -77,6 +82,7 @@ class KubernetesConfig:
   orchestrator_selector: Optional[dict] = None
   agent_request_timeout: float = 30.0
   node_pids_limit: Optional[int] = None
+  seccomp_profile: str = "RuntimeDefault"
   internet_except: list = dataclasses.field(default_factory=lambda: list(PRIVATE_RANGES))
   dns_selector: dict = dataclasses.field(default_factory=lambda: {"k8s-app": "kube-dns"})
 
@@ -135,11 +141,10 @@ def render_pod(sandbox_id: str, *, image: str, token: str, config: KubernetesCon
       "volumeMounts": [{"name": AGENT_VOLUME, "mountPath": AGENT_MOUNT, "readOnly": True},
                        {"name": WORKSPACE_VOLUME, "mountPath": workdir}],
   }
+  sandbox["securityContext"] = {"allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]}}
   if config.run_as_user is not None:
-    sandbox["securityContext"] = {"runAsUser": config.run_as_user,
-                                  "allowPrivilegeEscalation": False}
-  else:
-    sandbox["securityContext"] = {"allowPrivilegeEscalation": False}
+    sandbox["securityContext"]["runAsUser"] = config.run_as_user
   spec = {
       "restartPolicy": "Never",
       "automountServiceAccountToken": False,
@@ -155,6 +160,7 @@ def render_pod(sandbox_id: str, *, image: str, token: str, config: KubernetesCon
       }],
       "containers": [sandbox],
       "volumes": [{"name": AGENT_VOLUME, "emptyDir": {}}, workspace],
+      "securityContext": {"seccompProfile": seccomp_profile(config)},
   }
   if config.node_selector:
     spec["nodeSelector"] = dict(config.node_selector)
@@ -179,6 +185,21 @@ def render_pod(sandbox_id: str, *, image: str, token: str, config: KubernetesCon
           "metadata": {"name": pod_name(sandbox_id), "namespace": config.namespace,
                        "labels": pod_labels, "annotations": annotations},
           "spec": spec}
+
+
+def seccomp_profile(config: KubernetesConfig) -> dict:
+  """The pod's securityContext.seccompProfile from config.seccomp_profile.
+
+  Raises:
+    ValueError: neither "RuntimeDefault" nor "Localhost:<path>".
+  """
+  value = config.seccomp_profile
+  if value == "RuntimeDefault":
+    return {"type": "RuntimeDefault"}
+  if value.startswith("Localhost:") and value[len("Localhost:"):]:
+    return {"type": "Localhost", "localhostProfile": value[len("Localhost:"):]}
+  raise ValueError(f"seccomp_profile must be 'RuntimeDefault' or 'Localhost:<path>'; got "
+                   f"{value!r}")
 
 
 def render_deny_egress_policy(config: KubernetesConfig) -> dict:

@@ -26,6 +26,7 @@ import httpx
 
 from orchard_jax.env import egress as _egress
 from orchard_jax.env import images as _images
+from orchard_jax.env import seccomp as _seccomp
 from orchard_jax.env import jobs as _jobs
 from orchard_jax.env.backends import k8s_manifests as _m
 from orchard_jax.env.backends.base import Backend, PtySession, SandboxSpec
@@ -119,7 +120,10 @@ class KubernetesBackend(Backend):
     return {"backend": self.name, "namespace": self.config.namespace,
             "limits": {"cpu": True, "memory": True, "disk": True,
                        "pids": self.config.node_pids_limit is not None},
-            "isolation": {"pod": True},
+            "isolation": {"pod": True, "capabilities": "none (drop ALL)",
+                          "no_new_privs": True},
+            "seccomp": {"pod_profile": _m.seccomp_profile(self.config),
+                        "profile": _seccomp.describe()},
             "network": {"network_true": "NetworkPolicy: internet and cluster DNS, no private "
                                         "ranges", "egress": "NetworkPolicy rules to the "
                                         "endpoints' addresses and ports; names pinned with "

@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 from orchard_jax.env import egress as _egress
 from orchard_jax.env import jobs as _jobs
 from orchard_jax.env import images as _images
+from orchard_jax.env import seccomp as _seccomp
 from orchard_jax.env.backends import _cgroups
 from orchard_jax.env.backends import _network
 from orchard_jax.env.backends.base import Backend, PtySession, SandboxSpec
@@ -46,6 +47,7 @@ _NS = {"mnt": 0x00020000, "cgroup": 0x02000000, "uts": 0x04000000, "ipc": 0x0800
        "user": 0x10000000, "pid": 0x20000000, "net": 0x40000000}
 _HOST_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 _SEED_MOUNT = "/.orchard/seed"
+_SECCOMP_FILE = "<seccomp>"   # in the `files` of _bwrap_argv: the filter, not a file
 _INSTALL_HINT = ("bubblewrap is not installed: install it with `sudo apt-get install -y "
                  "bubblewrap` (Debian/Ubuntu) or `sudo dnf install bubblewrap` (Fedora)")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -81,6 +83,8 @@ class LocalBackend(Backend):
       outside /usr; the running interpreter's prefix is added automatically).
     bwrap: the bubblewrap executable.
     start_timeout: seconds a sandbox may take to come up.
+    seccomp: install the default seccomp profile (orchard_jax.env.seccomp) on every sandbox
+      and command; False only where the filter cannot be built (it is reported by /health).
   Raises (from start):
     BackendUnavailable: bubblewrap missing or unusable here, with the command to install it.
   """
@@ -91,7 +95,7 @@ class LocalBackend(Backend):
                strict_limits: bool = True, default_pids: Optional[int] = 4096,
                default_disk: int = 4 << 30, sandbox_uid: int = 65534, sandbox_gid: int = 65534,
                user_namespace: Optional[bool] = None, host_paths: Sequence[str] = (),
-               bwrap: str = "bwrap", start_timeout: float = 30.0):
+               bwrap: str = "bwrap", start_timeout: float = 30.0, seccomp: bool = True):
     cache = _images.default_cache_dir()
     self.state_dir = os.path.abspath(state_dir or os.path.join(cache, "env", "local", "state"))
     self.image_roots = list(image_roots) if image_roots is not None else [cache]
@@ -107,6 +111,8 @@ class LocalBackend(Backend):
       self.host_paths.append(prefix)
     self.bwrap = bwrap
     self.start_timeout = start_timeout
+    self.seccomp = seccomp
+    self._filter = b""        # the seccomp program (classic BPF), built at start
     self._cgroups = None
     self._spawner = None
     self._sock = None
@@ -124,6 +130,12 @@ class LocalBackend(Backend):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
       resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if self.seccomp:
+      try:
+        self._filter = _seccomp.compile_bpf()
+      except RuntimeError as e:
+        raise BackendUnavailable(f"{e}; install them (launch/install.sh) or build the "
+                                 f"backend with seccomp=False") from None
     root_name = "orchard-env-" + hashlib.sha1(self.state_dir.encode()).hexdigest()[:12]
     self._cgroups = _cgroups.CgroupManager(root_name)
     self._start_spawner()
@@ -136,7 +148,7 @@ class LocalBackend(Backend):
 
   def _start_spawner(self):
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    self._spawner = _popen_spawner(child)
+    self._spawner = _popen_spawner(child, self._filter)
     child.close()
     parent.setblocking(True)
     self._sock = parent
@@ -175,7 +187,9 @@ class LocalBackend(Backend):
                                          if _network.slirp4netns() else "unavailable "
                                          "(slirp4netns is not installed)"),
                         "egress": "allow-listed endpoints relayed by the service"},
-            "strict_limits": self.strict_limits}
+            "strict_limits": self.strict_limits,
+            "seccomp": (dict(_seccomp.describe(), applied_by="bubblewrap (--seccomp) and the "
+                             "spawner, on every command") if self._filter else None)}
 
   # ------------------------------------------------------------------ sandboxes
   def validate(self, spec: SandboxSpec) -> dict:
@@ -216,7 +230,7 @@ class LocalBackend(Backend):
       argv += ["--cap-drop", "ALL"]
     # Every folder on the way to a mount point is rebuilt in the sandbox's root tmpfs (its
     # entries bound one by one), so bwrap can create mount points below read-only folders.
-    overridden = frozenset(path for path, _ in files)
+    overridden = frozenset(path for path, _ in files if path != _SECCOMP_FILE)
     points = [p for _, p in image.binds] + [workdir] + list(overridden)
     exploded = {os.path.dirname(p) for p in points}
     for p in list(exploded):
@@ -243,7 +257,10 @@ class LocalBackend(Backend):
       argv += ["--perms", "0755", "--dir", os.path.dirname(_SEED_MOUNT),
                "--ro-bind", image.workspace_seed, _SEED_MOUNT]
     for i, (path, _) in enumerate(files):
-      argv += ["--perms", "0644", "--ro-bind-data", str(4 + i), path]
+      if path == _SECCOMP_FILE:
+        argv += ["--seccomp", str(4 + i)]
+      else:
+        argv += ["--perms", "0644", "--ro-bind-data", str(4 + i), path]
     # The placeholder says "ready" once bubblewrap has finished the mounts and exec'd it, then
     # waits on stdin (a pipe the service holds: EOF ends the sandbox).
     argv += ["--chdir", "/", "--", "/bin/sh", "-c", "echo ready; read _"]
@@ -287,6 +304,8 @@ class LocalBackend(Backend):
       files.append(("/etc/hosts", _data_fd(_network.hosts_file(sandbox_id, names))))
     if spec.network:
       files.append(("/etc/resolv.conf", _data_fd(_network.resolv_conf())))
+    if self._filter:
+      files.append((_SECCOMP_FILE, _data_fd(self._filter)))
     argv = self._bwrap_argv(sandbox_id, spec, image, workdir, disk, files)
     try:
       self._send({"op": "spawn", "mode": "direct", "cgroups": procs, "argv": argv,
@@ -316,6 +335,7 @@ class LocalBackend(Backend):
     os.close(err_r)
     box.init_pid = info["child-pid"]
     box.pidfd = os.pidfd_open(box.init_pid)
+    box.pidns = os.readlink(f"/proc/{box.init_pid}/ns/pid")
     box.ns_flags = _ns_flags(box.init_pid, self.user_namespace)
     box.bwrap_pid = box.status.pid
     self._write_meta(sandbox_id, {"bwrap_pid": box.bwrap_pid, "init_pid": box.init_pid,
@@ -726,9 +746,17 @@ class _Box:
     self.pidfd = None
     self.ns_flags = 0
     self.jobs = set()
+    self.pidns = None         # the sandbox's pid namespace ("pid:[inode]")
     self.slirp = None         # _StatusReader of slirp4netns (network=True)
     self.slirp_exit = None    # write end of slirp4netns's exit pipe
     self.relay = None         # _network.EgressRelay (egress=[...])
+
+  def owns(self, pid: int) -> bool:
+    """True if `pid` is a process inside this sandbox (its pid namespace)."""
+    try:
+      return self.pidns is not None and os.readlink(f"/proc/{pid}/ns/pid") == self.pidns
+    except OSError:
+      return False
 
   def close_keepalive(self):
     if self.keepalive is not None:
@@ -827,7 +855,8 @@ class _SpawnedProcess:
       return
     cgroups = self.backend._cgroups
     candidates = (lambda: cgroups.pids(self.box.id)) if cgroups.available.get("pids") else None
-    _jobs.kill_process_tree(self.status.pid, candidates)
+    await asyncio.to_thread(_jobs.kill_process_tree, self.status.pid, candidates,
+                            belongs=self.box.owns)
 
 
 class _LocalPty(PtySession):
@@ -905,9 +934,10 @@ def _ns_flags(pid, user_namespace):
   return flags
 
 
-def _popen_spawner(child_sock):
+def _popen_spawner(child_sock, program: bytes = b""):
   import subprocess
-  return subprocess.Popen([sys.executable, "-I", "-S", _SPAWNER, str(child_sock.fileno())],
+  return subprocess.Popen([sys.executable, "-I", "-S", _SPAWNER, str(child_sock.fileno()),
+                           program.hex()],
                           pass_fds=[child_sock.fileno()], stdin=subprocess.DEVNULL,
                           start_new_session=True)
 

@@ -1,0 +1,137 @@
+"""Hostile code and hostile requests, on both backends (the Kubernetes one against the fake API
+server and kubelet of tests/env/fake_kube.py, since no cluster runs here): nothing the service
+or the spawner holds leaks into a command, one sandbox cannot forge another's results, the
+syscall filter holds, and a bad request fails alone with a 422 naming its field.
+"""
+import json
+import time
+
+import httpx
+import pytest
+
+from orchard_jax import env as orchard_env
+
+# Lists the descriptors open in this process, without the listing's own (closed by then).
+_LIST = ("import os; print(sorted(fd for fd in map(int, os.listdir('/proc/self/fd')) "
+         "if os.path.exists(f'/proc/self/fd/{fd}')))")
+_SCAN_FDS = f"""
+import subprocess, sys
+{_LIST}
+print(subprocess.run([sys.executable, "-c", {_LIST!r}], capture_output=True, text=True,
+                     close_fds=False).stdout.strip())
+"""
+
+
+def test_a_command_starts_with_only_its_standard_streams(box):
+  # The command and a child it starts with close_fds=False hold 0, 1, 2 and nothing else.
+  result = box.exec(["python3", "-c", _SCAN_FDS], stdin=b"input")
+  assert result.stdout == "[0, 1, 2]\n[0, 1, 2]\n", result
+  shell = box.exec("ls /proc/$$/fd; true")   # the shell itself, not ls
+  assert shell.stdout.split() == ["0", "1", "2"], shell
+
+
+_FORGER = r"""
+import glob, json, os, time
+forged = json.dumps({"exit": 0, "pid": 1}).encode() + b"\n"
+deadline = time.time() + 6
+while time.time() < deadline:
+  for path in glob.glob("/proc/*/fd/*"):
+    try:
+      fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+      os.write(fd, forged)
+      os.close(fd)
+    except OSError:
+      pass
+  time.sleep(0.01)
+"""
+
+
+def test_a_hostile_background_process_cannot_change_other_results(client):
+  with client.create_sandbox() as hostile, client.create_sandbox() as victim:
+    hostile.upload("forge.py", _FORGER)
+    hostile.exec("python3 forge.py >/dev/null 2>&1 &")
+    for i in range(8):
+      result = victim.exec(f"echo victim-{i}; exit 3")
+      assert (result.status, result.exit_code, result.stdout) == ("finished", 3, f"victim-{i}\n")
+      # Its own commands' exit statuses stay true too (their output is the sandbox's own to
+      # scribble on: every command of one sandbox shares its user).
+      own = hostile.exec(f"echo own-{i}; exit 5")
+      assert (own.status, own.exit_code) == ("finished", 5) and own.stdout.startswith(f"own-{i}")
+    assert client.health()["status"] == "ok"
+
+
+@pytest.mark.parametrize("command", [
+    "unshare -Ur true",                       # a user namespace: uid 0 inside it
+    "unshare -n true",                        # any other namespace
+    "unshare -m true",
+])
+def test_the_syscall_filter_refuses_namespaces(box, command):
+  result = box.exec(command)
+  assert result.exit_code not in (0, None) and "Operation not permitted" in result.stderr, result
+  assert box.exec("echo still-fine").stdout == "still-fine\n"
+
+
+@pytest.mark.parametrize("call", ["mount(b'none', b'/tmp', b'tmpfs', 0, None)",
+                                  "syscall(321, 0, 0, 0)",      # bpf(2) on x86_64
+                                  "syscall(250, 0, 0, 0)"])     # keyctl(2)
+def test_the_syscall_filter_refuses_mount_bpf_and_keyctl(box, call):
+  script = (f"import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+            f"print(libc.{call}, os.strerror(ctypes.get_errno()))")
+  assert box.exec(["python3", "-c", script]).stdout == "-1 Operation not permitted\n"
+
+
+def test_ptrace_of_a_process_it_did_not_start_is_refused(box):
+  script = ("import ctypes, os, subprocess; libc = ctypes.CDLL(None, use_errno=True); "
+            "p = subprocess.Popen(['sleep', '30'], start_new_session=True); "
+            "print(libc.ptrace(16, p.pid, 0, 0), os.strerror(ctypes.get_errno())); p.kill()")
+  assert box.exec(["python3", "-c", script]).stdout == "-1 Operation not permitted\n"
+
+
+@pytest.fixture(scope="module")
+def pair(service):
+  """Two sandboxes shared by the bad-request cases: the one that gets the request, and one
+  that must not notice."""
+  with orchard_env.SandboxClient(service.url, service.api_key) as client:
+    yield client.create_sandbox(), client.create_sandbox()
+
+
+def _raw(service, method, path, headers=None, **kwargs):
+  return httpx.request(method, service.url + path, timeout=60,
+                       headers={"X-API-Key": service.api_key, **(headers or {})}, **kwargs)
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"command": ["echo", "a\x00b"]}, "command"),
+    ({"command": "echo \x00"}, "command"),
+    ({"command": "true", "env": {"A=B": "1"}}, "env"),
+    ({"command": "true", "env": {"": "1"}}, "env"),
+    ({"command": "true", "env": {"A": "x\x00y"}}, "env"),
+    ({"command": "true", "cwd": "/tmp\x00x"}, "cwd"),
+    ({"command": "true", "shell": "/bin/sh\x00"}, "shell"),
+    ({"command": "true", "stdin_b64": "not base64!"}, "stdin_b64"),
+    ({"command": "true", "timeout": -1}, "timeout"),
+])
+def test_a_bad_exec_field_is_a_422_naming_it_and_harms_no_one(service, pair, body, field):
+  box, other = pair
+  answer = _raw(service, "POST", f"/v1/sandboxes/{box.id}/exec", json=body)
+  assert answer.status_code == 422, answer.text
+  assert field in answer.json()["error"]["details"]["fields"], answer.text
+  for b in (box, other):
+    assert b.exec("echo alive").stdout == "alive\n"
+  assert _raw(service, "GET", f"/v1/sandboxes/{box.id}/jobs").status_code == 200
+
+
+@pytest.mark.parametrize("raw,field", [
+    ('{"command": "true", "timeout": Infinity}', "timeout"),
+    ('{"command": "true", "timeout": NaN}', "timeout"),
+    ('{"command": "true", "env": {"A": "\\ud800"}}', "env"),
+    ('{"command": ["\\udc80"]}', "command"),
+])
+def test_non_finite_numbers_and_lone_surrogates_are_refused(service, pair, raw, field):
+  box, _ = pair
+  before = _raw(service, "GET", f"/v1/sandboxes/{box.id}/jobs").json()["jobs"]
+  answer = _raw(service, "POST", f"/v1/sandboxes/{box.id}/exec", content=raw,
+                headers={"Content-Type": "application/json"})
+  assert answer.status_code == 422 and field in answer.json()["error"]["details"]["fields"]
+  jobs = _raw(service, "GET", f"/v1/sandboxes/{box.id}/jobs")
+  assert jobs.status_code == 200 and jobs.json()["jobs"] == before
