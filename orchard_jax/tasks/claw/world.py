@@ -33,11 +33,12 @@ import httpx
 
 from orchard_jax.tasks.claw import bundle
 from orchard_jax.tasks.claw import services as _services
+from orchard_jax.tasks.claw.services.client import error_text, result_text  # noqa: F401
 from orchard_jax.tasks.claw.errors import ServiceDied, ServicesError
 from orchard_jax.tasks.claw.tools import TOOLS, Tool
 
 CONTROL_HEADER = _services.CONTROL_HEADER
-MAX_RESULT_CHARS = 8000
+CLAW_COMMAND = "/tmp/claw/bin/claw"
 
 
 @dataclasses.dataclass
@@ -78,23 +79,6 @@ class Evidence:
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)
-
-
-def error_text(status: int, body: Any) -> str:
-  """`Error 400 (invalid_arguments): arguments.to[0]: expected an email address, got ...`."""
-  error = body.get("error") if isinstance(body, dict) else None
-  if isinstance(error, dict):
-    return f"Error {status} ({error.get('type', 'error')}): {error.get('message', '')}"
-  return f"Error {status}: {str(body)[:500]}"
-
-
-def result_text(body: Any, limit: int = MAX_RESULT_CHARS) -> str:
-  """A 2xx answer as compact JSON text, cut at `limit` characters with a note saying so."""
-  text = json.dumps(body, ensure_ascii=False, separators=(", ", ": "))
-  if len(text) > limit:
-    text = (text[:limit] + f"... [{len(text) - limit} more characters cut; ask for fewer "
-            "results]")
-  return text
 
 
 def tool_result(tool: str, status: int, body: Any, seconds: float) -> ToolResult:
@@ -201,6 +185,20 @@ class ClawWorld:
   def internal_urls(self) -> dict[str, str]:
     """Each service's base URL as seen from inside the sandbox (for an in-sandbox harness)."""
     return {name: f"http://127.0.0.1:{port}" for name, port in self.ports.items()}
+
+  def install_tools(self, tools: Sequence[Tool]) -> str:
+    """Publishes `tools` inside the sandbox for an in-sandbox harness: the tool list and the
+    `claw` command (`services.client`: `claw tools`, `claw call NAME JSON`, `claw mcp`).
+    Returns the command's path."""
+    from orchard_jax.tasks.claw.services.client import TOOLS_FILE
+    catalogue = {"tools": [{"name": t.name, "service": t.service, "path": t.path,
+                            "description": t.description, "parameters": t.parameters}
+                           for t in tools],
+                 "ports": {name: self.ports[name] for name in {t.service for t in tools}}}
+    self.box.upload(TOOLS_FILE, json.dumps(catalogue))
+    self.box.upload(CLAW_COMMAND, f"#!/bin/sh\nexec python3 -S {bundle.SANDBOX_PATH} \"$@\"\n",
+                    mode=0o755)
+    return CLAW_COMMAND
 
   # ------------------------------------------------------------------ tool calls
   def call(self, tool: str, arguments: Any) -> ToolResult:

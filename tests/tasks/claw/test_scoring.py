@@ -130,3 +130,31 @@ def test_rubric_items_count_as_completion_checks():
   assert out.completion == pytest.approx(4 / 5) and out.checks[-1]["kind"] == "rubric"
   assert grading.grade(rubric_task, evidence([{"id": "n1", "title": "A"}]), "done").completion \
       == 1.0                                               # no judge: rubric items are skipped
+
+
+def test_llm_rubric_grader_over_an_openai_compatible_endpoint():
+  """The rubric grader against a scripted OpenAI-compatible endpoint (no judge model can run in
+  CI): its verdicts become completion checks; a malformed verdict is a grader_error."""
+  from orchard_jax.harness import ChatModel
+  from orchard_jax.tasks.claw.rubric import RubricGrader
+  from tests.openai_stub import ChatStub
+  rubric_task = task_from_dict({**TASK, "grader": {**TASK["grader"], "rubric": [
+      "The note title is A.", "The answer is polite."]}})
+  transcript = [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type":
+                 "function", "function": {"name": "notes_create", "arguments": '{"title": "A"}'}}]},
+                {"role": "tool", "tool_call_id": "c", "content": '{"note": {"id": "n2"}}'}]
+  replies = ['Sure:\n```json\n{"items": [{"index": 1, "satisfied": true, "reason": "title A"}, '
+             '{"index": 2, "satisfied": false, "reason": "curt"}]}\n```',
+             '{"items": [{"index": 1, "satisfied": true}]}', "no idea", 500]
+  with ChatStub(lambda request: replies[request.index]) as stub, \
+       ChatModel(stub.root + "/v1", retries=0) as model:
+    grader = RubricGrader(model)
+    state = evidence([{"id": "n1", "title": "A"}])
+    out = grading.grade(rubric_task, state, "done", rubric_grader=grader, transcript=transcript)
+    prompt = stub.requests[0].body["messages"][0]["content"]
+    assert "1. The note title is A." in prompt and 'CALL notes_create {"title": "A"}' in prompt
+    assert out.status == "passed" and out.completion == pytest.approx(5 / 6)
+    assert [c["passed"] for c in out.checks[-2:]] == [True, False]
+    for expected in ("no verdict for item(s) [2]", "not a JSON object", "could not be reached"):
+      out = grading.grade(rubric_task, state, "done", rubric_grader=grader, transcript=transcript)
+      assert out.status == "grader_error" and expected in out.error

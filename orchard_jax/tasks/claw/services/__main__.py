@@ -1,4 +1,5 @@
-"""Starts a rollout's services: `python3 services.pyz start` (or `python -m ...services start`).
+"""Starts a rollout's services: `python3 services.pyz start` (or `python -m ...services start`);
+`tools`, `call` and `mcp` are the in-sandbox tool command (`client`).
 
 Standard input carries one JSON object (never the command line, so the control token is not
 visible in the process list):
@@ -132,8 +133,12 @@ def start(config: dict) -> None:
 
 
 def main(argv) -> None:
+  if len(argv) >= 2 and argv[1] in ("tools", "call", "mcp"):
+    from . import client
+    sys.exit(client.main(argv[1:]))
   if len(argv) < 2 or argv[1] != "start":
-    sys.stderr.write("usage: services.pyz start  (configuration as JSON on standard input)\n")
+    sys.stderr.write("usage: services.pyz start  (configuration as JSON on standard input)\n"
+                     "       services.pyz tools | call NAME [JSON] | mcp   (see client.py)\n")
     sys.exit(2)
   try:
     config = json.loads(sys.stdin.read())
