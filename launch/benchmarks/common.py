@@ -14,6 +14,7 @@ SUITES = {
     "sampler": "sampler",
     "proxy": "proxy",
     "env": "env",
+    "claw": "claw",
 }
 
 

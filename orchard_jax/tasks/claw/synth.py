@@ -4,7 +4,8 @@ Each template is a function `template(rng, world) -> task dict` that draws peopl
 topics, dates and distractors from its own pools and writes the instruction, the fixtures, the
 grader checks and a scripted reference solution together, so the three always agree. About a
 fifth of the tasks get injected faults (429/500/503 on the operation the solution depends on),
-so training sees recovery. `synthesize(n, seed)` is deterministic: the same n and seed give the
+so training sees recovery. A task offers the tools its solution uses plus up to two others of
+its services (Claw-Eval tasks also name their tools), which keeps prompts short. `synthesize(n, seed)` is deterministic: the same n and seed give the
 same tasks.
 
 A synthesised task is kept only when (1) it loads (`task_from_dict`: every field checked, the
@@ -28,6 +29,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from orchard_jax.tasks.claw.errors import TaskFormatError
 from orchard_jax.tasks.claw.task import Task, overlap, task_from_dict
+from orchard_jax.tasks.claw.tools import tools_of
 
 FIRST = ["Aiko", "Bruno", "Carla", "Dmitri", "Elif", "Farah", "Gustav", "Hana", "Ivo", "Jamal",
          "Kaja", "Luca", "Mei", "Nikhil", "Olga", "Pablo", "Quinn", "Rosa", "Stefan", "Tara",
@@ -539,6 +541,10 @@ def draft(template: str, index: int, seed: int = 0) -> dict:
   spec = TEMPLATES[template](world)
   fault_ops = spec.pop("fault_ops")
   reference = spec.pop("reference")
+  if "tools" not in spec:   # what the solution uses plus up to two distractors of its services
+    used = sorted({step["call"] for step in reference if "call" in step})
+    spare = sorted(t.name for t in tools_of(spec["services"]) if t.name not in used)
+    spec["tools"] = used + rng.sample(spare, min(2, len(spare)))
   task = {"id": f"train_{template}_{index:03d}", "split": "train", "template": template,
           "category": spec["services"][0] if len(spec["services"]) == 1 else "multi",
           "user": world.user, "now": world.now_text, **spec,
