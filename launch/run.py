@@ -53,6 +53,10 @@ def main(argv):
     sys.exit(130)
   if getattr(result, "stopped_by", None) == "interrupted":   # a Ctrl-C the recipe handled
     sys.exit(130)                                            # (its work is stored) still fails
+  failure = getattr(result, "failure", "")      # a job that ran but could not do its work
+  if failure:                                   # (instances in error): one line, exit 1
+    sys.stderr.write(f"error: {failure}\n")
+    sys.exit(1)
 
 
 if __name__ == "__main__":

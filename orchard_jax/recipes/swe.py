@@ -118,6 +118,9 @@ def sandbox_client(env: ConfigDict) -> Iterator:
 def sandbox_factory(client, **create_kwargs):
   """`instance -> context manager yielding a fresh Sandbox` started from its test_spec image."""
   def factory(instance: SWEInstance):
+    if instance.test_spec is None:
+      raise evaluation.EvaluationError(
+          f"instance {instance.instance_id!r} has no test_spec: no image to start")
     return testbed.open_sandbox(client, instance.test_spec.image, **create_kwargs)
   return factory
 
@@ -160,6 +163,12 @@ def evaluate(config: ConfigDict) -> evaluation.EvalSummary:
   name = config.run_id or os.path.splitext(os.path.basename(config.predictions))[0]
   # A set workdir (sweep.py gives each point its own) is the run folder, as in every other job.
   output_dir = os.path.join(config.workdir or config.output_dir, name)
+  missing = [i.instance_id for i in instances if i.instance_id in predictions and i.test_spec
+             is None]
+  if missing:                                  # refused before the first sandbox starts
+    raise ConfigError(f"tasks.dataset: {len(missing)} instance(s) have no test_spec (e.g. "
+                      f"{missing[:3]}); set tasks.build_environments=True (and tasks.repo_source) "
+                      f"to build their images, see README 'Bring your own dataset'")
   with sandbox_client(config.env) as client:
     summary = evaluate_patches(instances, predictions, client, output_dir=output_dir,
                                max_workers=int(config.env.max_parallel),

@@ -11,7 +11,10 @@ For each package (a `PackageProfile`):
   4. write the instance: the buggy tree with the FAIL_TO_PASS test files removed becomes a root
      commit (`base_commit`, so the history shows nothing), the gold `patch` restores the source,
      the `test_patch` restores the hidden test files, and the problem statement is written from
-     the failing tests' evidence.
+     the failing tests' evidence; its image directory (`task_images.py`) is the Debian root
+     filesystem, the venv, and a workspace seed holding that one commit;
+  5. scan what each instance's sandbox can read for a copy of its fix (`leak_scan.py`) and drop
+     the instances where one is found.
 Per package the work stops at a target count, a candidate count or a time budget, whichever
 comes first. Every dropped candidate is counted with its reason.
 """
@@ -33,10 +36,10 @@ import time
 from typing import Callable, Sequence
 
 from orchard_jax.tasks.errors import BuildError
-from orchard_jax.tasks.swe import log_parsers
+from orchard_jax.tasks.swe import leak_scan, log_parsers, rootfs, task_images
 from orchard_jax.tasks.swe.bug_synthesis import CandidateBug, generate_candidates
-from orchard_jax.tasks.swe.environment import (ENV_FORMAT, PackageEnvironment, build_environment,
-                                               cache_dir, git)
+from orchard_jax.tasks.swe.environment import (ENV_FORMAT, SANDBOX_VENV, PackageEnvironment,
+                                               build_environment, cache_dir, git)
 from orchard_jax.tasks.swe.instance import SWEInstance, TestSpec, load_instances, save_instances
 from orchard_jax.tasks.swe.packages import DEFAULT_PACKAGES, PROFILES, PackageProfile
 from orchard_jax.tasks.swe.problem_statement import write_problem_statement
@@ -50,6 +53,7 @@ DROP_NO_PASS_TO_PASS = "no test kept passing (import or collection broke)"
 DROP_TIMEOUT = "test run timed out"
 DROP_FLAKY = "FAIL_TO_PASS not reproducible on rerun"
 DROP_ONLY_DOCTESTS = "only doctests in source files failed"
+DROP_LEAK = "the fix is readable in the sandbox (leak scan)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +68,9 @@ class BuildSettings:
     workers: candidates tested in parallel (one work tree each).
     test_timeout_s: limit of one test-suite run, seconds.
     seed: seeds the candidate order, SWE-smith's modifiers and the statement phrasing.
-    python: base interpreter for the venvs ("" picks one the sandbox can see).
+    python: base interpreter for the venvs ("" picks Debian's python3, which the task images'
+      root filesystem has; another is bound into the images as a copy of its prefix).
+    rootfs: the task images' root filesystem folder ("" builds the Debian one, `rootfs.py`).
   """
   packages: tuple[str, ...] = DEFAULT_PACKAGES
   instances_per_package: int = 14
@@ -74,6 +80,7 @@ class BuildSettings:
   test_timeout_s: float = 120.0
   seed: int = 0
   python: str = ""
+  rootfs: str = ""
 
   def key(self) -> str:
     profiles = [PROFILES[p].fingerprint() for p in self.packages if p in PROFILES]
@@ -92,6 +99,7 @@ class PackageStats:
   unstable_tests: int = 0
   seconds: float = 0.0
   error: str = ""
+  leaked: int = 0
 
 
 @dataclasses.dataclass
@@ -119,6 +127,8 @@ class TaskSet:
       kept += s.kept
     lines.append(f"  {'total':24s} tried {tried:3d}  kept {kept:3d}  dropped "
                  f"{sum(total.values())}: " + ", ".join(f"{n} {r}" for r, n in total.most_common()))
+    lines.append(f"  leak scan: dropped {sum(s.leaked for s in self.stats)} instance(s) whose fix "
+                 f"a sandbox could read")
     return "\n".join(lines)
 
 
@@ -150,7 +160,7 @@ def build_task_set(settings: BuildSettings = BuildSettings(), *, output_dir: str
     with open(report_path) as f:
       report = json.load(f)
     stats = [PackageStats(**{**s, "dropped": collections.Counter(s["dropped"])})
-             for s in report["packages"]]
+             for s in report["packages"]]   # a report without "leaked" predates the scan
     instances = load_instances(path)
     if all(os.path.isdir(i.test_spec.image) for i in instances if i.test_spec):
       return TaskSet(instances, path, stats, from_cache=True)
@@ -158,8 +168,10 @@ def build_task_set(settings: BuildSettings = BuildSettings(), *, output_dir: str
   for name in settings.packages:
     if name not in PROFILES:
       raise BuildError(f"unknown package {name!r}; expected one of {sorted(PROFILES)}")
+  base = settings.rootfs or rootfs.build_rootfs().path
+  for name in settings.packages:
     package_instances, package_stats = build_package_tasks(PROFILES[name], settings,
-                                                           progress=progress)
+                                                           progress=progress, rootfs_path=base)
     instances += package_instances
     stats.append(package_stats)
   if not instances:
@@ -173,8 +185,11 @@ def build_task_set(settings: BuildSettings = BuildSettings(), *, output_dir: str
 
 
 def build_package_tasks(profile: PackageProfile, settings: BuildSettings, *,
-                        progress: bool = True) -> tuple[list[SWEInstance], PackageStats]:
-  """Builds the instances of one package (steps 1-4 of the module docstring).
+                        progress: bool = True, rootfs_path: str | None = None
+                        ) -> tuple[list[SWEInstance], PackageStats]:
+  """Builds the instances of one package (steps 1-5 of the module docstring).
+
+  `rootfs_path` is the task images' root filesystem (default: build the Debian one).
 
   A package whose environment or baseline fails is reported in `PackageStats.error` and yields
   no instances; it does not stop the other packages.
@@ -239,11 +254,35 @@ def build_package_tasks(profile: PackageProfile, settings: BuildSettings, *,
     bar.close()
     for tree in work_trees:
       shutil.rmtree(tree, ignore_errors=True)
-  instances = [_make_instance(env, candidate, f2p, p2p, log, settings)
-               for candidate, f2p, p2p, log in kept]
+  try:
+    image = {"rootfs": rootfs_path or rootfs.build_rootfs().path,
+             "binds": {env.venv: SANDBOX_VENV, **task_images.interpreter_binds(env.python)}}
+    instances = [_make_instance(env, candidate, f2p, p2p, log, settings, image)
+                 for candidate, f2p, p2p, log in kept]
+  except BuildError as e:
+    stats.error = str(e)[:500]
+    stats.seconds = time.monotonic() - start
+    return [], stats
+  instances = drop_leaking(instances, stats, repo=env.repo)
   stats.kept = len(instances)
   stats.seconds = time.monotonic() - start
   return instances, stats
+
+
+def drop_leaking(instances: list[SWEInstance], stats: PackageStats, *, repo: str
+                 ) -> list[SWEInstance]:
+  """The instances whose sandbox cannot read their fix; the others are counted in `stats`
+  (`leaked` and a DROP_LEAK reason) and logged with the copies found."""
+  from orchard_jax.env.images import default_cache_dir
+  fixes = {i.instance_id: leak_scan.fixed_sources(i.patch, repo=repo, base_commit=i.base_commit)
+           for i in instances}
+  leaks = leak_scan.scan_instances(instances, fixes, allowed_roots=[default_cache_dir()])
+  for instance_id, found in leaks.items():
+    _log.warning("dropping %s: its fix is readable in the sandbox: %s", instance_id,
+                 "; ".join(map(str, found[:3])))
+    stats.dropped[DROP_LEAK] += 1
+    stats.leaked += 1
+  return [i for i in instances if i.instance_id not in leaks]
 
 
 def _progress_bar(enabled: bool, name: str, total: int):
@@ -330,7 +369,7 @@ def _is_test_file(env: PackageEnvironment, test: str) -> bool:
 
 
 def _make_instance(env: PackageEnvironment, candidate: CandidateBug, f2p: list[str],
-                   p2p: list[str], log: str, settings: BuildSettings) -> SWEInstance:
+                   p2p: list[str], log: str, settings: BuildSettings, image: dict) -> SWEInstance:
   profile = env.profile
   repo = env.repo
   hidden = sorted({t.split("::")[0] for t in f2p if _is_test_file(env, t)})
@@ -356,7 +395,10 @@ def _make_instance(env: PackageEnvironment, candidate: CandidateBug, f2p: list[s
   statement = write_problem_statement(
       package=f"{profile.name} {profile.version}", module=module, fail_to_pass=f2p, log=log,
       seed=int(candidate.key, 16) ^ settings.seed)
-  spec = TestSpec(image=env.image, test_cmd=env.test_command(), test_files=profile.test_files,
+  folder = task_images.write_instance_image(
+      task_images.instance_image_dir(instance_id), rootfs=image["rootfs"], binds=image["binds"],
+      env=env.sandbox_env(), seed_source=repo, base_commit=base_commit)
+  spec = TestSpec(image=folder, test_cmd=env.test_command(), test_files=profile.test_files,
                   timeout_s=settings.test_timeout_s, package=profile.key)
   return SWEInstance(
       instance_id=instance_id, repo=profile.repo, base_commit=base_commit, patch=patch,

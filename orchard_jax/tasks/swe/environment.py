@@ -3,14 +3,17 @@ image directory (docs/contracts.md "Env images") that sandboxes start from.
 
 Layout under the cache folder (`~/.cache/orchard_jax/swe/envs/<name>-<version>/`):
 
-  image.json   the image manifest: base "host", venv bound read-only at /venv, the
-               repository as the workspace seed at /testbed
-  venv/        a venv made from a Python the sandbox can see (one under /usr or /opt), holding
+  venv/        a venv made from Debian's python3 (the one the task images' root filesystem
+               has, `rootfs.py`) or another interpreter bound into the images, holding
                the test requirements only; the package itself is imported from the work tree
                through PYTHONPATH, so an edit in /testbed is what the tests see
   repo/        a git repository: the sdist as a root commit ("environment_setup_commit"), plus
                one root commit per task instance under refs/orchard/instances/*
   env.json     what was built (profile fingerprint, clean commit, python) to reuse the cache
+
+The environment is not an image itself: each instance gets its own image directory
+(`task_images.py`) whose workspace seed holds that instance's commit alone (this repository
+also holds the clean sdist, the fix of every instance) and which binds this venv at /venv.
 
 The same venv runs the tests on the host while tasks are built (with the host's paths), and in
 sandboxes (at /venv, /testbed); its console scripts are rewritten to `#!/usr/bin/env python`
@@ -46,7 +49,7 @@ COMMIT_MESSAGE = "Initial commit"
 # Files the tests or the agent create that never belong in a patch.
 IGNORED = ("__pycache__/", "*.pyc", ".pytest_cache/", ".hypothesis/", ".coverage")
 # Bumped whenever the environment layout changes, so cached environments are rebuilt.
-ENV_FORMAT = 2
+ENV_FORMAT = 3
 _SANDBOX_VISIBLE = ("/usr/", "/opt/")  # the local backend's "host" view shows these
 
 
@@ -113,9 +116,9 @@ class PackageEnvironment:
     return os.path.join(self.root, "venv")
 
   @property
-  def image(self) -> str:
-    """The `image` string for a sandbox create request: this image directory."""
-    return self.root
+  def python(self) -> str:
+    """The base interpreter the venv was made from (an absolute host path)."""
+    return os.path.realpath(os.path.join(self.venv, "bin", "python"))
 
   def test_command(self, python: str = "python") -> str:
     """The pytest command (without targets) that prints SWE-bench-parsable `-rA` summaries."""
@@ -184,9 +187,7 @@ def build_environment(profile: PackageProfile, *, root: str | None = None,
     if record.get("fingerprint") == profile.fingerprint() and record.get(
         "format") == ENV_FORMAT and os.path.isdir(
         os.path.join(root, "repo", ".git")):
-      environment = PackageEnvironment(profile, root, record["clean_commit"])
-      _write_manifest(environment)  # cheap, and picks up a newer manifest format
-      return environment
+      return PackageEnvironment(profile, root, record["clean_commit"])
   if os.path.exists(root):
     shutil.rmtree(root)
   os.makedirs(root)
@@ -207,18 +208,11 @@ def build_environment(profile: PackageProfile, *, root: str | None = None,
        f"install {list(profile.test_requirements)} into {venv}", pip_timeout_s)
   _relocatable_scripts(venv)
   environment = PackageEnvironment(profile, root, clean_commit)
-  _write_manifest(environment)
   with open(record_path, "w") as f:
     json.dump({"fingerprint": profile.fingerprint(), "format": ENV_FORMAT,
                "clean_commit": clean_commit,
                "python": base_python, "profile": dataclasses.asdict(profile)}, f, indent=1)
   return environment
-
-
-def _write_manifest(environment: PackageEnvironment):
-  from orchard_jax.env.images import write_image_manifest
-  write_image_manifest(environment.root, base="host", binds={"venv": SANDBOX_VENV},
-                       workdir=WORKDIR, env=environment.sandbox_env(), workspace_seed="repo")
 
 
 def _write_excludes(repo: str):

@@ -243,6 +243,23 @@ class EvalSummary:
     return {o: counts.get(o, 0) for o in grading.OUTCOMES}
 
   @property
+  def errors(self) -> list[str]:
+    """Instances whose evaluation itself failed (outcome "error"): no verdict on the patch."""
+    return sorted(r.instance_id for r in self.results if r.outcome == grading.ERROR)
+
+  @property
+  def failure(self) -> str:
+    """"" when every instance got a verdict; else one line saying how many did not (a run
+    with such instances is not a result, and launch/run.py exits non-zero with this line)."""
+    errors = self.errors
+    if not errors:
+      return ""
+    shown = ", ".join(errors[:5]) + (", ..." if len(errors) > 5 else "")
+    return (f"{len(errors)} of {len(self.results)} instance(s) ended in error, so the run graded "
+            f"no patch for them ({shown}); see report.json in each one's folder under "
+            f"{self.output_dir}")
+
+  @property
   def resolved_rate(self) -> float:
     return sum(r.resolved for r in self.results) / max(len(self.results), 1)
 
@@ -278,9 +295,19 @@ def evaluate_predictions(instances: Sequence[SWEInstance], predictions: Mapping[
 
   Returns:
     The EvalSummary. A sandbox that fails to start gives that instance outcome "error".
+
+  Raises:
+    EvaluationError: an instance to evaluate has no test_spec (checked for all of them before
+      the first sandbox starts; the message names them).
   """
   from tqdm.auto import tqdm
   chosen = [i for i in instances if i.instance_id in predictions]
+  unspecified = [i.instance_id for i in chosen if i.test_spec is None]
+  if unspecified:
+    raise EvaluationError(
+        f"{len(unspecified)} instance(s) have no test_spec, so there is no image or test command "
+        f"to evaluate them with (e.g. {unspecified[:3]}); build their environments first "
+        f"(README 'Bring your own dataset')")
   os.makedirs(output_dir, exist_ok=True)
 
   def attempt(instance: SWEInstance) -> EvalResult:

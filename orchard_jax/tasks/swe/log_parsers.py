@@ -34,13 +34,17 @@ LOG_PARSERS = {
 
 @functools.cache
 def _parser(name: str) -> Callable[[str, object], dict[str, str]]:
-  if name not in LOG_PARSERS:
-    raise TaskError(f"unknown log parser {name!r}; expected one of {sorted(LOG_PARSERS)}")
   try:
     from swebench.harness import log_parsers
   except ImportError as e:
     raise TaskError(f"SWE-bench's log parsers are needed to read test logs: pip install swebench "
                     f"({e})") from e
+  registry = getattr(log_parsers, "PARSER_REGISTRY", {})
+  if name in registry and name not in LOG_PARSERS:   # SWE-bench's own name, e.g. a repository's
+    return registry[name]                            # parser from MAP_REPO_TO_PARSER_PY
+  if name not in LOG_PARSERS:
+    raise TaskError(f"unknown log parser {name!r}; expected one of {sorted(LOG_PARSERS)} or a "
+                    f"SWE-bench parser name ({', '.join(sorted(registry)[:6])}, ...)")
   return getattr(log_parsers, LOG_PARSERS[name])
 
 

@@ -1,12 +1,13 @@
 """Shell snippets that bring a sandbox's workspace to an instance's state, and the sandbox seam.
 
-A package image's workspace seed is a git repository holding the clean sdist and one root
-commit per instance. `setup_script` checks out the instance's `base_commit`, then replaces the
-repository with a fresh one whose single commit is that same tree: the agent sees one
-"Initial commit" and no other instance (no `git log --all` leak of the fix), and the commit
-hash equals `base_commit` again because the tree, identity, date and message are fixed, which
-the script checks. Images that are already at their base commit (SWE-bench's per-instance
-container images) are only checked.
+The workspace is the repository at the instance's real `base_commit`, with its history hidden
+from the agent (as SWE-bench's harness hides the fix) but the commit verifiable:
+`git rev-parse HEAD` prints `base_commit` itself. A task image's workspace seed
+(`task_images.py`) is already that: a shallow repository whose one commit is `base_commit`, so
+`setup_script` only checks it. An image whose repository has more (SWE-bench's per-instance
+container images keep the whole clone, whose branches and tags reach the fixing commit) is
+brought to the same state: checked out at `base_commit`, then replaced by a shallow copy of that
+one commit, so no later commit, tag, stash or reflog survives.
 
 `Sandbox` is the small surface the evaluator, the harness and the replay expert use: run a
 bash command with a time limit, write a file. `open_sandbox` adapts the Orchard Env SDK to it.
@@ -19,7 +20,7 @@ import dataclasses
 import shlex
 from typing import Iterator, Protocol
 
-from orchard_jax.tasks.swe.environment import COMMIT_MESSAGE, GIT_IDENTITY, IGNORED
+from orchard_jax.tasks.swe.environment import IGNORED
 from orchard_jax.tasks.swe.instance import SWEInstance
 
 SETUP_FAILED_EXIT = 3
@@ -49,32 +50,44 @@ def setup_script(instance: SWEInstance, *, workdir: str = "/testbed",
                  hide_history: bool = True) -> str:
   """Bash that puts `workdir` at the instance's base_commit (see the module docstring).
 
-  Exits SETUP_FAILED_EXIT with a message when the commit is missing or the rebuilt history does
-  not reproduce `base_commit`.
+  Exits SETUP_FAILED_EXIT with a message when the commit is missing, the workspace is not a
+  repository, or the result is not exactly `base_commit` with one reachable commit.
   """
   base = shlex.quote(instance.base_commit)
-  identity = " ".join(f"{k}={shlex.quote(v)}" for k, v in GIT_IDENTITY.items())
   excludes = "\\n".join(IGNORED)
+  fail = f"exit {SETUP_FAILED_EXIT}"
   lines = [
       "set -u",
-      f"cd {shlex.quote(workdir)} || exit {SETUP_FAILED_EXIT}",
-      f"if [ \"$(git rev-parse HEAD 2>/dev/null)\" != {base} ]; then",
-      f"  git -c advice.detachedHead=false checkout -q -f {base} 2>&1 || "
-      f"{{ echo 'base_commit {instance.base_commit} is not in the workspace repository'; "
-      f"exit {SETUP_FAILED_EXIT}; }}",
+      f"cd {shlex.quote(workdir)} || {{ echo 'no workspace at {workdir}'; {fail}; }}",
+      f"git rev-parse --git-dir >/dev/null 2>&1 || {{ echo '{workdir} is not a git repository'; "
+      f"{fail}; }}",
+      f"if [ \"$(git rev-parse -q --verify 'HEAD^{{commit}}' 2>/dev/null)\" != {base} ]; then",
+      f"  git cat-file -e {base}'^{{commit}}' 2>/dev/null || {{ echo 'base_commit "
+      f"{instance.base_commit} is not in the workspace repository'; {fail}; }}",
+      f"  git -c advice.detachedHead=false checkout -q -f {base} || {fail}",
       "  git clean -fdxq",
       "fi",
   ]
   if hide_history:
+    # Anything but the one commit (parents, other refs, stashes, reflogs): keep a shallow copy.
     lines += [
-        "rm -rf .git && git init -q -b main . >/dev/null",
-        f"printf '{excludes}\\n' >> .git/info/exclude",
-        "git add -A",
-        f"env {identity} git -c commit.gpgsign=false commit -q -m {shlex.quote(COMMIT_MESSAGE)}",
-        f"if [ \"$(git rev-parse HEAD)\" != {base} ]; then echo \"rebuilt workspace is at "
-        f"$(git rev-parse HEAD), expected {instance.base_commit}\"; exit {SETUP_FAILED_EXIT}; fi",
+        "if [ \"$(git rev-list --all --reflog --count 2>/dev/null)\" != 1 ] || "
+        "[ \"$(git for-each-ref | wc -l)\" != 1 ]; then",
+        "  tmp=$(mktemp -d) && git init -q \"$tmp\" && "
+        f"git -C \"$tmp\" fetch -q --depth=1 --no-tags \"file://$PWD\" {base} || {fail}",
+        "  rm -rf .git && mv \"$tmp/.git\" .git && rm -rf \"$tmp\"",
+        f"  git update-ref refs/heads/main {base} && git symbolic-ref HEAD refs/heads/main",
+        "  rm -f .git/FETCH_HEAD && git reset -q",
+        f"  printf '{excludes}\\n' >> .git/info/exclude",
+        "fi",
+        f"if [ \"$(git rev-list --all --reflog --count)\" != 1 ]; then echo 'workspace history "
+        f"still has more than base_commit'; {fail}; fi",
     ]
-  lines.append("echo ORCHARD_WORKSPACE_READY")
+  lines += [
+      f"if [ \"$(git rev-parse HEAD)\" != {base} ]; then echo \"workspace is at "
+      f"$(git rev-parse HEAD), expected {instance.base_commit}\"; {fail}; fi",
+      "echo ORCHARD_WORKSPACE_READY",
+  ]
   return "\n".join(lines) + "\n"
 
 
