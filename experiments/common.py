@@ -21,6 +21,18 @@ def swe_tasks():
       output_dir="",              # "" = the cache folder, named by a hash of these settings
       rebuild=False,
       limit=0,                    # use only the first N instances (0 = all)
+      # Bring your own dataset (README "Bring your own dataset"): instances of `dataset` without
+      # a test_spec get an environment and an image built for them, their repositories cloned
+      # from `mirrors` (a folder of git repositories, one per owner/name) or `url_template`.
+      mirrors="",
+      url_template="https://github.com/{repo}.git",
+      specs="",                   # SWE-bench-style install specs per repo/version ("" = infer)
+      build_dir="",               # where built instances and reports go ("" = runs/swe_tasks/<name>)
+      rootfs="",                  # task images' root filesystem ("" = build the Debian one)
+      # On Kubernetes: "" keeps each test_spec.image; "swebench" uses SWE-bench's published
+      # evaluation images by their documented names; "registry/prefix" names images this
+      # builder's instances were pushed under (<prefix>/sweb.eval.x86_64.<id>:latest).
+      cluster_images="",
   ))
 
 

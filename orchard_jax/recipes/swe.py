@@ -78,6 +78,7 @@ def load_task_set(tasks: ConfigDict, *, progress: bool = True) -> list[SWEInstan
                         "JSONL/JSON/parquet file, a datasets folder or a hub name") from e
     except InstanceError as e:
       raise ConfigError(f"tasks.dataset: {e}") from e
+    instances = prepare_dataset(tasks, instances, progress=progress)
   else:
     task_set = builder.build_task_set(build_settings(tasks), output_dir=tasks.output_dir or None,
                                       rebuild=bool(tasks.rebuild), progress=progress)
@@ -87,8 +88,105 @@ def load_task_set(tasks: ConfigDict, *, progress: bool = True) -> list[SWEInstan
   return instances[:limit] if limit else instances
 
 
-def build_tasks(config: ConfigDict) -> builder.TaskSet:
-  """Job "swe.build_tasks": builds or loads the task set and prints its build report."""
+def dataset_settings(tasks: ConfigDict):
+  """repo_env.DatasetSettings from the `tasks` block (README "Bring your own dataset")."""
+  from orchard_jax.tasks.swe import repo_env
+  if tasks.get("specs") and not os.path.exists(tasks.specs):
+    raise ConfigError(f"tasks.specs: {tasks.specs!r} does not exist")
+  if tasks.get("mirrors") and not os.path.isdir(tasks.mirrors):
+    raise ConfigError(f"tasks.mirrors: {tasks.mirrors!r} is not a folder")
+  return repo_env.DatasetSettings(
+      source=repo_env.RepoSource(mirrors=tasks.get("mirrors", ""),
+                                 url_template=tasks.get("url_template", "")),
+      specs=tasks.get("specs", ""), workers=int(tasks.workers),
+      test_timeout_s=max(float(tasks.test_timeout_s), 300.0), rootfs=tasks.get("rootfs", ""))
+
+
+def _build_dir(tasks: ConfigDict) -> str:
+  name = os.path.splitext(os.path.basename(str(tasks.dataset).rstrip("/")))[0] or "dataset"
+  return tasks.get("build_dir") or os.path.join("runs", "swe_tasks", name)
+
+
+def prepare_dataset(tasks: ConfigDict, instances: Sequence[SWEInstance], *,
+                    progress: bool = True) -> list[SWEInstance]:
+  """The dataset's instances ready to evaluate: an environment and image built for those without
+  a test_spec, or container images on a cluster (tasks.cluster_images); prints the build report.
+
+  Raises:
+    ConfigError: a setting is unusable, or no instance could be built.
+  """
+  from orchard_jax.tasks.errors import BuildError
+  from orchard_jax.tasks.swe import dataset
+  try:
+    ready, build = dataset.prepare(instances, dataset_settings(tasks),
+                                   output_dir=os.path.join(_build_dir(tasks), "build"),
+                                   cluster_images=tasks.get("cluster_images", ""),
+                                   progress=progress)
+  except BuildError as e:
+    raise ConfigError(f"tasks: {e}") from e
+  if build is not None:
+    print(build.summary(), flush=True)
+  if not ready:
+    raise ConfigError(f"tasks.dataset: none of its {len(instances)} instances could be built")
+  return ready
+
+
+@dataclasses.dataclass
+class DatasetJobResult:
+  """What swe.build_tasks did with a dataset; `failure` (non-empty: exit 1) when instances ended
+  in error."""
+  build: object
+  validation: object = None
+  failure: str = ""
+
+
+def build_dataset_job(config: ConfigDict) -> DatasetJobResult:
+  """swe.build_tasks with tasks.dataset (or config.commits): build every instance's environment
+  and image, then with config.validate run the validation pass (README "Bring your own
+  dataset")."""
+  from orchard_jax.tasks.errors import BuildError
+  from orchard_jax.tasks.swe import collect, repo_env, validation
+  tasks = config.tasks
+  settings = dataset_settings(tasks)
+  progress = bool(config.get("progress", True))
+  try:
+    if config.get("commits"):
+      instances, problems = collect.collect(collect.load_commits(config.commits), settings.source)
+      for problem in problems:
+        print(f"not collected: {problem}", flush=True)
+    else:
+      instances = load_instances(tasks.dataset)
+  except (BuildError, InstanceError, FileNotFoundError) as e:
+    raise ConfigError(f"tasks: {e}") from e
+  if tasks.limit:
+    instances = instances[:int(tasks.limit)]
+  out = _build_dir(tasks) if tasks.dataset else (tasks.get("build_dir") or os.path.join(
+      "runs", "swe_tasks", os.path.splitext(os.path.basename(config.commits))[0]))
+  try:
+    build = repo_env.build_dataset([i.replace(test_spec=None) for i in instances], settings,
+                                   output_dir=os.path.join(out, "build"), progress=progress)
+  except BuildError as e:
+    raise ConfigError(f"tasks: {e}") from e
+  print(build.summary(), flush=True)
+  result = DatasetJobResult(build)
+  errors = build.counts[repo_env.ERROR]
+  if errors:
+    result.failure = (f"{errors} of {len(build.reports)} instance(s) could not be built (see "
+                      f"{os.path.join(out, 'build', 'build_report.jsonl')})")
+  if config.get("validate") and build.instances:
+    with sandbox_client(config.env) as client:
+      result.validation = validation.validate(
+          build.instances, sandbox_factory(client), output_dir=os.path.join(out, "validate"),
+          max_workers=int(config.env.max_parallel), progress=progress)
+    print(result.validation.summary(), flush=True)
+  return result
+
+
+def build_tasks(config: ConfigDict):
+  """Job "swe.build_tasks": builds or loads the task set and prints its build report; with
+  tasks.dataset or config.commits, builds (and validates) that dataset instead."""
+  if config.tasks.get("dataset") or config.get("commits"):
+    return build_dataset_job(config)
   task_set = builder.build_task_set(build_settings(config.tasks),
                                     output_dir=config.tasks.output_dir or None,
                                     rebuild=bool(config.tasks.rebuild),

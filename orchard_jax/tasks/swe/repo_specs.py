@@ -17,9 +17,9 @@ specifications, so a user may give them in a specs file in SWE-bench's own key n
 Everything a spec leaves out is inferred from the repository at `environment_setup_commit`:
   python        the newest interpreter that the project's `Programming Language :: Python ::
                 X.Y` classifiers name and `requires-python` allows; without classifiers, the
-                newest minor release that was out a quarter before the instance was created
-                (old code often fails on newer Pythons: removed modules, changed warnings);
-                the root filesystem's own python3 when nothing says otherwise.
+                root filesystem's own python3 if it was out a quarter before the instance was
+                created, else the newest minor release that was (old code often fails on
+                newer Pythons: removed modules, changed warnings).
   install       an editable install of the project when it has packaging metadata
                 (pyproject.toml, setup.py or setup.cfg), with the test extras it declares.
   pip_packages  pytest, plus the first test requirements file found.
@@ -241,7 +241,7 @@ def _infer_python(metadata: dict, created_at: str, available: Sequence[str],
   if named:
     choice = [m for m in named if m in ok and m in era] or [m for m in named if m in ok] or named
     return choice[-1]
-  if when is not None and era:
+  if when is not None and era and default not in era:
     return era[-1]
   return default if default in ok or not ok else ok[-1]
 
