@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import subprocess
 import tempfile
 import zipfile
@@ -159,6 +160,8 @@ def scan_trees(trees: Sequence[tuple[str, str]], fixes: Mapping[str, Sequence[Fi
   leaks: list[Leak] = []
   for host, shown in trees:
     for parent, dirs, files in os.walk(host):
+      if parent == host and shown == "/":      # a root filesystem's device and kernel folders
+        dirs[:] = [d for d in dirs if d not in ("dev", "proc", "sys")]
       where = os.path.join(shown, os.path.relpath(parent, host)).replace("/./", "/")
       if blobs and "HEAD" in files and "objects" in dirs:
         leaks += _git_leaks(parent, where, blobs)
@@ -179,7 +182,8 @@ def scan_trees(trees: Sequence[tuple[str, str]], fixes: Mapping[str, Sequence[Fi
 
 def _read(path: str) -> str | None:
   try:
-    if os.path.getsize(path) > _MAX_BYTES:
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_BYTES:   # never /dev/zero
       return None
     with open(path, "rb") as f:
       return f.read().decode("utf-8", errors="replace")
@@ -190,6 +194,8 @@ def _read(path: str) -> str | None:
 def _archive_leaks(path, shown, by_suffix) -> list[Leak]:
   found = []
   try:
+    if not stat.S_ISREG(os.stat(path).st_mode):
+      return found
     with zipfile.ZipFile(path) as archive:
       for member in archive.infolist():
         suffix = os.path.splitext(member.filename)[1]

@@ -30,6 +30,7 @@ import dataclasses
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -237,7 +238,8 @@ def build_repo_environment(repo: str, version: str, bare: str, setup_commit: str
                                tuple(map(tuple, record["untracked"])))
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
-    untracked = _install(spec, python, tree, os.path.join(root, "venv"), root, pip_timeout_s)
+    untracked = _install(spec, python, tree, os.path.join(root, "venv"), root, pip_timeout_s,
+                         version)
     with open(record_path + ".tmp", "w") as f:
       json.dump({"format": _ENV_FORMAT, "repo": repo, "version": version, "python": python,
                  "setup_commit": setup_commit, "spec": dataclasses.asdict(spec),
@@ -249,9 +251,13 @@ def build_repo_environment(repo: str, version: str, bare: str, setup_commit: str
 
 
 def _install(spec: repo_specs.EnvSpec, python: str, tree: str, venv: str, root: str,
-             timeout_s: float) -> list[list[str]]:
+             timeout_s: float, version: str = "") -> list[list[str]]:
+  found = re.match(r"\d+(\.\d+)*", version or "")
+  pretend_version = found.group(0) if found else "0.0"
   def run(command, what, cwd=tree):
-    env = dict(os.environ, VIRTUAL_ENV=venv, PATH=f"{venv}/bin:{os.environ.get('PATH', '')}")
+    env = dict(os.environ, VIRTUAL_ENV=venv, PATH=f"{venv}/bin:{os.environ.get('PATH', '')}",
+               # the tree is an archive without .git: setuptools-scm needs to be told a version
+               SETUPTOOLS_SCM_PRETEND_VERSION=pretend_version)
     env.pop("PYTHONPATH", None)
     env.pop("PYTHONHOME", None)
     try:
@@ -260,8 +266,8 @@ def _install(spec: repo_specs.EnvSpec, python: str, tree: str, venv: str, root: 
     except subprocess.TimeoutExpired:
       raise BuildError(f"{what} ran past {timeout_s:.0f} s") from None
     if proc.returncode != 0:
-      raise BuildError(f"{what} failed (exit {proc.returncode}): "
-                       f"{(proc.stderr or proc.stdout).strip()[-1200:]}")
+      tail = [l.strip() for l in (proc.stderr or proc.stdout).strip().splitlines() if l.strip()]
+      raise BuildError(f"{what} failed (exit {proc.returncode}): " + " | ".join(tail[-4:])[-600:])
 
   run(f"{python} -m venv {venv}", f"creating a venv with {python}")
   run("python -m pip install -q -U pip setuptools wheel", "upgrading pip in the venv")
