@@ -21,8 +21,9 @@ as_root() {
 # System packages (Debian names). bubblewrap: the local sandbox backend; slirp4netns: its
 # network=True sandboxes (own namespace, no host loopback); libseccomp2: their seccomp
 # filter; redis-server: the
-# multi-replica env store; git, patch: inside SWE task sandboxes.
-apt_packages=(bubblewrap slirp4netns libseccomp2 redis-server git patch)
+# multi-replica env store; git, patch: inside SWE task sandboxes; mmdebstrap: the Debian root
+# filesystem of SWE task images.
+apt_packages=(bubblewrap slirp4netns libseccomp2 redis-server git patch mmdebstrap)
 if [[ $skip != *,apt,* ]]; then
   missing=()
   for p in "${apt_packages[@]}"; do
