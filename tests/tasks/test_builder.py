@@ -82,3 +82,23 @@ def test_instances_fail_at_base_and_pass_with_gold_patch(task_set, tmp_path):
 def test_unknown_package_is_an_error(tmp_path):
   with pytest.raises(builder.BuildError, match="unknown package 'nope'"):
     build_task_set(BuildSettings(packages=("nope",)), output_dir=str(tmp_path), progress=False)
+
+
+def test_instance_images_show_only_themselves(task_set, env_client):
+  # Each instance's sandbox is the Debian root filesystem, the venv and its own seed: no host
+  # folder (the trainer's interpreter, /work), no other instance's commit, no clean sdist.
+  from orchard_jax.tasks.swe.testbed import open_sandbox
+  assert "leak scan: dropped" in task_set.summary()
+  env = build_environment(PROFILES["parse"])
+  for instance in task_set.instances:
+    with open(os.path.join(instance.test_spec.image, "image.json")) as f:
+      manifest = json.load(f)
+    assert manifest["base"] == "rootfs" and manifest["workspace_seed"] == "seed"
+    with open_sandbox(env_client, instance.test_spec.image) as box:
+      assert box.run(setup_script(instance), timeout_s=120).exit_code == 0
+      out = box.run(f"git cat-file -e {env.clean_commit} && echo CLEAN-VISIBLE; "
+                    "ls -d /root/.pyenv/versions /work 2>&1 | grep -c 'cannot access'; "
+                    "git log --all --format=%H; python -c 'import sys; print(sys.prefix)'",
+                    timeout_s=60).output.split()
+      assert "CLEAN-VISIBLE" not in out
+      assert out[:3] == ["2", instance.base_commit, "/venv"]
