@@ -4,13 +4,21 @@ For each instance, in a sandbox of its own started from the instance's image:
   1. put the workspace at `base_commit` (`testbed.setup_script`);
   2. apply the model patch robustly (`patches.apply_script`); if nothing applies the outcome is
      `patch_failed` and no test runs;
-  3. restore every file the test patch touches to its base state (a model may have edited or
-     created them), then apply the test patch (the hidden tests);
-  4. run the instance's test files under a time limit (`timed_out` past it), parse per-test
-     status with SWE-bench's log parser, and grade with SWE-bench's rules.
+  3. screen every path the patch touched (its headers and the workspace's `git status`):
+     a patch that adds a site hook, a module shadowing the runner, package metadata, a link or
+     a path outside the repository is graded `unresolved` with the reason and no test runs;
+     test files, conftest files, runner configuration and the like are put back to their base
+     state (`screening`), and so is every file the test patch touches; then the test patch
+     (the hidden tests) is applied;
+  4. run the instance's test files under a time limit (`timed_out` past it). A pytest command
+     runs under the trusted runner (`trusted_runner`): per-test results come from a report the
+     supervisor signs, never from the log, and a run the code under test cut short or bent is
+     `unresolved` with the reason in `EvalResult.integrity`. Other runners' logs are read with
+     SWE-bench's parser. Results are graded by SWE-bench's rules (`grading`, where a skipped
+     test is not passing).
 Instances run in parallel, one sandbox each. Every instance leaves a folder with the patch,
-the apply log, the test log and `report.json`; the run leaves `summary.json` (SWE-bench's
-report layout: counts per outcome and the instance ids in each).
+the apply log, the test log, the test records and `report.json`; the run leaves
+`summary.json` (SWE-bench's report layout: counts per outcome and the instance ids in each).
 """
 from __future__ import annotations
 
@@ -26,7 +34,7 @@ import time
 from typing import Callable, ContextManager, Mapping, Sequence
 
 from orchard_jax.tasks.errors import EvaluationError
-from orchard_jax.tasks.swe import grading, log_parsers, patches
+from orchard_jax.tasks.swe import grading, log_parsers, patches, screening, trusted_runner
 from orchard_jax.tasks.swe.instance import SWEInstance
 from orchard_jax.tasks.swe.testbed import Sandbox, setup_script
 
@@ -48,6 +56,13 @@ class EvalResult:
     test_exit_code: the test command's exit code (124: killed at the time limit).
     seconds: wall time of the whole evaluation.
     error: what went wrong for outcome "error" (or a note).
+    restored_files: test-infrastructure files the patch changed, put back to their base state
+      before the tests ran (`screening`).
+    integrity: why the patch's run cannot count (a rejected path, tampering seen in the run);
+      never empty for an unresolved patch whose tests would otherwise have passed.
+    suspicious: added code that reaches into the runner or the interpreter, and tests demoted
+      for it (for review; no effect on the outcome by itself).
+    report_source: "structured" (the signed report of the trusted runner) or "log".
   """
   instance_id: str
   outcome: str
@@ -58,6 +73,10 @@ class EvalResult:
   test_exit_code: int | None = None
   seconds: float = 0.0
   error: str = ""
+  restored_files: list[str] = dataclasses.field(default_factory=list)
+  integrity: list[str] = dataclasses.field(default_factory=list)
+  suspicious: list[str] = dataclasses.field(default_factory=list)
+  report_source: str = ""
 
   @property
   def resolved(self) -> bool:
@@ -108,6 +127,8 @@ def _evaluate(sandbox, instance, model_patch, result, logs):
     return
   cleaned = patches.clean_patch(model_patch)
   result.empty_patch = not cleaned
+  layout = screening.TestLayout.of(instance)
+  screen = screening.Screen()
   if cleaned:
     paths = []
     for i, variant in enumerate(patches.patch_variants(cleaned)):
@@ -122,38 +143,97 @@ def _evaluate(sandbox, instance, model_patch, result, logs):
       result.error = "the model patch did not apply with any method"
       return
     result.apply_method = outcome.method
+    status = sandbox.run(f"cd {shlex.quote(spec.workdir)} && git status --porcelain=v1 -z "
+                         "--untracked-files=all --no-renames", timeout_s=60)
+    workspace = screening.parse_git_status(status.output) if status.exit_code == 0 else []
+    screen = screening.screen_patch(cleaned, layout, workspace)
+    result.suspicious = [str(f) for f in screening.suspicious_code(cleaned, layout)]
+    if screen.rejected:
+      result.patch_applied = True
+      result.outcome = grading.UNRESOLVED
+      result.integrity = [str(f) for f in screen.rejected]
+      result.error = ("graded unresolved without running the tests: the patch changes "
+                      + "; ".join(result.integrity))
+      return
   result.patch_applied = True
+  result.restored_files = screen.restored_paths
+  restore = list(dict.fromkeys(screen.restored_paths + patches.patch_files(instance.test_patch)))
+  if restore:
+    base = shlex.quote(instance.base_commit)
+    script = "\n".join(
+        f"rm -rf -- {shlex.quote(f)}; git checkout -q {base} -- {shlex.quote(f)} 2>/dev/null"
+        for f in sorted(restore, key=lambda p: (p.count("/"), p)))
+    restored = sandbox.run(f"cd {shlex.quote(spec.workdir)} || exit 2\n{script}\nexit 0",
+                           timeout_s=120)
+    logs["restore.log"] = restored.output
   if instance.test_patch.strip():
     sandbox.write_file(f"{_SCRATCH}/test_patch.diff", instance.test_patch.encode("utf-8"))
-    restore = " ; ".join(
-        f"(git checkout -q {shlex.quote(instance.base_commit)} -- {shlex.quote(f)} 2>/dev/null "
-        f"|| rm -rf -- {shlex.quote(f)})"
-        for f in patches.patch_files(instance.test_patch))
-    applied = sandbox.run(f"cd {shlex.quote(spec.workdir)} && {{ {restore} ; }} && "
+    applied = sandbox.run(f"cd {shlex.quote(spec.workdir)} && "
                           f"git apply -v {_SCRATCH}/test_patch.diff", timeout_s=120)
     logs["test_patch.log"] = applied.output
     if applied.exit_code != 0:
       result.error = f"the test patch did not apply: {applied.output[-500:]}"
       return
-  env = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())
-  command = (f"cd {shlex.quote(spec.workdir)} && {env + ' ' if env else ''}"
-             f"timeout -k 5 {max(1, int(spec.timeout_s))} bash -c {shlex.quote(spec.command())}")
-  run = sandbox.run(command, timeout_s=spec.timeout_s + 60)
-  logs["test_output.txt"] = run.output
+  _run_tests(sandbox, instance, layout, screen, result, logs)
+
+
+def _run_tests(sandbox, instance, layout, screen, result, logs):
+  spec = instance.test_spec
+  run_spec = trusted_runner.prepare(spec.test_cmd, spec.test_files, workdir=spec.workdir,
+                                    timeout_s=spec.timeout_s, env=spec.env)
+  for path, data in run_spec.files.items():
+    sandbox.write_file(path, data)
+  run = sandbox.run(run_spec.command, timeout_s=spec.timeout_s + 60)
+  logs["test_output.txt"] = trusted_runner.strip_report(run.output)
   result.test_exit_code = run.exit_code
-  if getattr(run, "failed", False):
-    result.error = f"the sandbox failed while the tests ran: {run.output[-300:]}"
-    return
-  if run.timed_out or run.exit_code in (124, 137):
-    result.outcome = grading.TIMED_OUT
-    result.error = f"the tests ran past {spec.timeout_s:.0f} s"
-    return
-  status = log_parsers.parse_test_log(run.output, spec.log_parser)
-  if not status:
-    result.error = f"the test run named no test (exit {run.exit_code}): {run.output[-500:]}"
-    return
+  result.report_source = "structured" if run_spec.structured else "log"
+  if not run_spec.structured:
+    if getattr(run, "failed", False):
+      result.error = f"the sandbox failed while the tests ran: {run.output[-300:]}"
+      return
+    if run.timed_out or run.exit_code in (124, 137):
+      result.outcome = grading.TIMED_OUT
+      result.error = f"the tests ran past {spec.timeout_s:.0f} s"
+      return
+    status = log_parsers.parse_test_log(run.output, spec.log_parser)
+    if not status:
+      result.error = f"the test run named no test (exit {run.exit_code}): {run.output[-500:]}"
+      return
+  else:
+    report = trusted_runner.read_report(run.output, run_spec)
+    if report is None:
+      if trusted_runner.started(run.output, run_spec):
+        # The supervisor ran with the key, then its report never came: only code run by the
+        # test command can kill it (the sandbox timing out is handled first).
+        if run.timed_out:
+          result.outcome = grading.TIMED_OUT
+          result.error = f"the tests ran past {spec.timeout_s:.0f} s"
+          return
+        result.outcome = grading.UNRESOLVED
+        result.integrity = ["the test supervisor's signed report never arrived: the code under "
+                            "test killed it, or cut its output"]
+        result.error = result.integrity[0]
+      else:
+        result.error = (f"the test supervisor did not start (exit {run.exit_code}): "
+                        f"{run.output[-500:]}")
+      return
+    result.test_exit_code = report.exit_code
+    logs["test_records.jsonl"] = "".join(json.dumps(r) + "\n" for r in report.records)
+    if report.timed_out:
+      result.outcome = grading.TIMED_OUT
+      result.error = f"the tests ran past {spec.timeout_s:.0f} s"
+      return
+    verdict = trusted_runner.judge_records(
+        report, is_test_path=lambda path: screening.is_test_code(path, layout),
+        changed_files=screen.fix_files)
+    status = log_parsers.status_map_from_results(verdict.statuses, spec.log_parser)
+    result.integrity += verdict.findings
+    result.suspicious += verdict.notes
   result.tests = grading.tests_report(status, instance.FAIL_TO_PASS, instance.PASS_TO_PASS)
   result.outcome = grading.resolution(result.tests)
+  if result.integrity:
+    result.outcome = grading.UNRESOLVED
+    result.error = "graded unresolved: " + "; ".join(result.integrity)
 
 
 def _write_logs(log_dir, model_patch, logs, result):

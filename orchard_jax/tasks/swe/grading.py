@@ -1,12 +1,17 @@
 """SWE-bench grading: from per-test statuses to resolved / partial / unresolved (docs/algorithms.md 7).
 
 The test-by-test report and the resolution status come from SWE-bench's own grading functions
-(`swebench.harness.grading.get_eval_tests_report` and `get_resolution_status`), so the rules are
-SWE-bench's exactly: a FAIL_TO_PASS test must PASS (or XFAIL); a PASS_TO_PASS test must pass or
-be skipped; an empty list counts as fully passing; resolved = all F2P and all P2P pass;
-partial = some but not all F2P pass with every P2P passing. Runs that never reach the tests are
-their own outcomes: the model patch did not apply (`patch_failed`), the tests ran past their
-time limit (`timed_out`), or the test run produced no results at all (`error`).
+(`swebench.harness.grading.get_eval_tests_report` and `get_resolution_status`): a FAIL_TO_PASS
+test must PASS (or XFAIL); an empty list counts as fully passing; resolved = all F2P and all P2P
+pass; partial = some but not all F2P pass with every P2P passing; a test the run never names
+counts as failing. One rule is stricter than SWE-bench's: a skipped test is not passing, in
+either list. Recent SWE-bench counts a skipped PASS_TO_PASS test as maintained (and versions
+before 5 counted a skipped FAIL_TO_PASS test as neither success nor failure, so all-skipped was
+resolved), which lets a patch skip the tests it breaks; every PASS_TO_PASS test here passed,
+not skipped, when the instance was made. Runs that never reach the tests are their own
+outcomes: the model patch did not apply (`patch_failed`), the tests ran past their time limit
+(`timed_out`), or the sandbox failed (`error`). A run the patch tampered with is `unresolved`
+with the reason (evaluation.EvalResult.integrity).
 """
 from __future__ import annotations
 
@@ -47,7 +52,9 @@ def tests_report(status_map: Mapping[str, str], fail_to_pass: Sequence[str],
     fail_to_pass, pass_to_pass: the instance's FAIL_TO_PASS and PASS_TO_PASS.
   """
   from swebench.harness.grading import get_eval_tests_report
-  report = get_eval_tests_report(dict(status_map), {"FAIL_TO_PASS": list(fail_to_pass),
+  strict = {test: ("FAILED" if status == "SKIPPED" else status)
+            for test, status in status_map.items()}  # a skipped test is not passing
+  report = get_eval_tests_report(strict, {"FAIL_TO_PASS": list(fail_to_pass),
                                                     "PASS_TO_PASS": list(pass_to_pass)})
   return TestsReport(report["FAIL_TO_PASS"]["success"], report["FAIL_TO_PASS"]["failure"],
                      report["PASS_TO_PASS"]["success"], report["PASS_TO_PASS"]["failure"])

@@ -13,7 +13,7 @@ container tooling).
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, Mapping
 
 from orchard_jax.tasks.errors import TaskError
 
@@ -64,6 +64,42 @@ def parse_test_log(log: str, parser: str = "pytest") -> dict[str, str]:
   """
   # The parsers split on "\n"; a CRLF log would leave "\r" on every test name.
   return _parser(parser)(log.replace("\r\n", "\n"), None)
+
+
+# A status's weight when one test is named more than once: the worst one stands.
+_WORST = {PASSED: 0, XFAIL: 1, SKIPPED: 2, FAILED: 3, ERROR: 4}
+
+
+def status_map_from_results(results: Mapping[str, str], parser: str = "pytest"
+                            ) -> dict[str, str]:
+  """Names structured per-test results the way `parser` names them in a log.
+
+  SWE-bench's FAIL_TO_PASS / PASS_TO_PASS names are what its parser reads off `-rA` summary
+  lines (a node id cut at its first space, `pytest_options`' rewritten parameters, ...). Each
+  result is written as the summary line pytest would print (`PASSED path::test`) and read back
+  through the same parser, one line at a time, so a name is spelled exactly as in a real log.
+  Where two node ids read back as one name (SWE-bench cuts ids at whitespace), the worst status
+  stands. A line the parser does not read (a non-pytest parser) keeps the node id as its name.
+
+  Args:
+    results: {pytest node id: PASSED, FAILED, ERROR, SKIPPED, XFAIL or XPASS}; XPASS is not
+      a SWE-bench status and is written as FAILED (a log's XPASS line names no status).
+    parser: a key of LOG_PARSERS.
+  """
+  read = _parser(parser)
+  out: dict[str, str] = {}
+  for test, status in results.items():
+    status = FAILED if status == "XPASS" else status
+    try:
+      named = read(f"{status} {test}", None)
+    except Exception:  # noqa: BLE001 - a parser that cannot read the line: keep the node id
+      named = {}
+    if len(named) != 1:
+      named = {test: status}
+    for name, value in named.items():
+      if name not in out or _WORST.get(value, 4) > _WORST.get(out[name], 4):
+        out[name] = value
+  return out
 
 
 def passed(status_map: dict[str, str], test: str) -> bool:

@@ -30,9 +30,6 @@ FAILED_MARKER = "ORCHARD_PATCH_FAILED"
 
 _DIFF_START = re.compile(r"^(diff --git |--- (a/|/dev/null)|Index: )", re.M)
 _FENCE = re.compile(r"^```[\w-]*\s*$", re.M)
-_GIT_HEADER = re.compile(r"^diff --git a/(.+?) b/(.+?)$", re.M)
-_PLUS_HEADER = re.compile(r"^\+\+\+ (?:b/)?(.+?)(?:\t.*)?$", re.M)
-_MINUS_HEADER = re.compile(r"^--- (?:a/)?(.+?)(?:\t.*)?$", re.M)
 
 
 def clean_patch(text: str) -> str:
@@ -62,26 +59,189 @@ def patch_variants(text: str) -> list[str]:
   return variants
 
 
+@dataclasses.dataclass(frozen=True)
+class FileChange:
+  """One file a patch touches, named as `git apply` and `patch -p1` name it.
+
+  Attributes:
+    old_path: the path before the change (relative to the repository root), None for a new file.
+    new_path: the path after it, None for a deleted file (equal to old_path for an edit).
+    old_mode, new_mode: git file modes ("100644", "100755", "120000" for a symbolic link) when
+      the patch states them, else "".
+    binary: the change is a binary one (`GIT binary patch` or `Binary files ... differ`).
+  """
+  old_path: str | None
+  new_path: str | None
+  old_mode: str = ""
+  new_mode: str = ""
+  binary: bool = False
+
+  @property
+  def paths(self) -> tuple[str, ...]:
+    """The old and new path (one when they are equal), never None."""
+    out = tuple(p for p in (self.old_path, self.new_path) if p is not None)
+    return out[:1] if len(out) == 2 and out[0] == out[1] else out
+
+  @property
+  def created(self) -> bool:
+    return self.old_path is None
+
+  @property
+  def deleted(self) -> bool:
+    return self.new_path is None
+
+  @property
+  def symlink(self) -> bool:
+    """The change leaves a symbolic link (git mode 120000) at new_path."""
+    return self.new_mode == "120000"
+
+
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+_C_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+
+
+def _unquote(text: str) -> tuple[str, str]:
+  """Reads one git C-quoted name from the start of `text`; returns (name, rest of text)."""
+  out = bytearray()
+  i = 1
+  while i < len(text) and text[i] != '"':
+    c = text[i]
+    if c == "\\" and i + 1 < len(text):
+      nxt = text[i + 1]
+      if nxt in "0123" and re.match(r"[0-7]{3}", text[i + 1:i + 4]):
+        out.append(int(text[i + 1:i + 4], 8))
+        i += 4
+        continue
+      if nxt in _C_ESCAPES:
+        out.append(_C_ESCAPES[nxt])
+        i += 2
+        continue
+    out += c.encode("utf-8", "surrogateescape")
+    i += 1
+  return out.decode("utf-8", "replace"), text[i + 1:]
+
+
+def _strip_p1(name: str) -> str | None:
+  """The name `-p1` leaves: /dev/null is None; the first path component goes."""
+  if name == "/dev/null":
+    return None
+  return name.split("/", 1)[1] if "/" in name else name
+
+
+def _header_name(text: str) -> str | None:
+  """The file name of a `--- name` / `+++ name` / `rename from name` line's argument."""
+  text = text.rstrip("\r")
+  if text.startswith('"'):
+    return _unquote(text)[0]
+  return text.split("\t", 1)[0].rstrip() if "\t" in text else text
+
+
+def _git_line_names(rest: str) -> tuple[str | None, str | None]:
+  """(a-name, b-name) of a `diff --git` line's argument, both still with their prefix."""
+  rest = rest.rstrip("\r")
+  if rest.startswith('"'):
+    first, tail = _unquote(rest)
+    tail = tail.lstrip(" ")
+    second = _unquote(tail)[0] if tail.startswith('"') else tail
+    return first, second
+  if ' "' in rest:  # unquoted a-name, quoted b-name
+    first, _, tail = rest.partition(' "')
+    return first, _unquote('"' + tail)[0]
+  # Unquoted names may hold spaces: split where both halves name the same path (git's rule).
+  for i, c in enumerate(rest):
+    if c == " " and _strip_p1(rest[:i]) == _strip_p1(rest[i + 1:]):
+      return rest[:i], rest[i + 1:]
+  first, sep, second = rest.rpartition(" b/")
+  return (first, "b/" + second) if sep else (rest, rest)
+
+
+def file_changes(text: str) -> list[FileChange]:
+  """Every file a unified or git diff touches, read the way `git apply` / `patch -p1` read it.
+
+  Tolerant of what model patches carry (prose around the diff, hunk counts that are off, CRLF
+  line endings): a file's section starts at a `diff --git` line or at a `---`/`+++` pair outside
+  a hunk's counted lines (inside one only when a hunk header follows the pair, i.e. the counts
+  were wrong); git's extended header lines (`new file mode`, `rename from`, ...) refine it.
+  Quoted names (git's C-style quoting of unusual characters) are decoded.
+  """
+  lines = text.replace("\r\n", "\n").split("\n")
+  changes: list[FileChange] = []
+  section: dict | None = None
+  old_left = new_left = 0
+
+  def close():
+    if section is None:
+      return
+    old = None if section.get("created") else section.get("old")
+    new = None if section.get("deleted") else section.get("new")
+    if old is not None or new is not None:
+      changes.append(FileChange(old, new, section.get("old_mode", ""),
+                                section.get("new_mode", ""), section.get("binary", False)))
+
+  i = 0
+  while i < len(lines):
+    line = lines[i]
+    pair = (line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "))
+    if old_left > 0 or new_left > 0:
+      header_follows = pair and i + 2 < len(lines) and _HUNK.match(lines[i + 2])
+      if not header_follows and line[:1] in (" ", "", "-", "+", "\\"):
+        if line[:1] in (" ", ""):
+          old_left, new_left = old_left - 1, new_left - 1
+        elif line[:1] == "-":
+          old_left -= 1
+        elif line[:1] == "+":
+          new_left -= 1
+        i += 1
+        continue
+      old_left = new_left = 0  # the counts were off: this line is not hunk content
+    if line.startswith("diff --git "):
+      close()
+      a, b = _git_line_names(line[len("diff --git "):])
+      section = {"old": _strip_p1(a), "new": _strip_p1(b), "git": True}
+    elif pair:
+      old = _strip_p1(_header_name(line[4:]))
+      new = _strip_p1(_header_name(lines[i + 1][4:]))
+      if section is None or not section.get("git") or section.get("paired"):
+        close()
+        section = {}
+      section.update(old=old, new=new, paired=True)
+      section["created"] = section.get("created", False) or old is None
+      section["deleted"] = section.get("deleted", False) or new is None
+      i += 2
+      continue
+    elif (match := _HUNK.match(line)) is not None:
+      old_left = int(match.group(1)) if match.group(1) is not None else 1
+      new_left = int(match.group(2)) if match.group(2) is not None else 1
+    elif section is not None and section.get("git") and not section.get("paired"):
+      for prefix, key in (("rename from ", "old"), ("copy from ", "old"),
+                          ("rename to ", "new"), ("copy to ", "new")):
+        if line.startswith(prefix):
+          section[key] = _header_name(line[len(prefix):])
+      if line.startswith("new file mode "):
+        section["created"], section["new_mode"] = True, line.split()[-1]
+      elif line.startswith("deleted file mode "):
+        section["deleted"], section["old_mode"] = True, line.split()[-1]
+      elif line.startswith("old mode "):
+        section["old_mode"] = line.split()[-1]
+      elif line.startswith("new mode "):
+        section["new_mode"] = line.split()[-1]
+    if section is not None and line.startswith(("GIT binary patch", "Binary files ")):
+      section["binary"] = True
+    i += 1
+  close()
+  return changes
+
+
 def patch_files(text: str) -> list[str]:
   """Paths (relative to the repository root) that a unified or git diff touches, in order.
 
-  A rename lists both its old and new path; /dev/null is never listed.
+  A rename lists both its old and new path; /dev/null is never listed. See `file_changes`.
   """
   files: list[str] = []
-  def add(path: str):
-    path = path.strip().rstrip("\r")
-    if path and path != "/dev/null" and path not in files:
-      files.append(path)
-  headers = list(_GIT_HEADER.finditer(text))
-  if headers:
-    for match in headers:
-      add(match.group(1))
-      add(match.group(2))
-    return files
-  for match in _MINUS_HEADER.finditer(text):
-    add(match.group(1))
-  for match in _PLUS_HEADER.finditer(text):
-    add(match.group(1))
+  for change in file_changes(text):
+    for path in change.paths:
+      if path not in files:
+        files.append(path)
   return files
 
 
