@@ -1,11 +1,14 @@
 """Robust patch application against real git work trees: each case's expected file content is
 what a person reading the patch would write down."""
+import os
 import subprocess
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given, settings
 
 from orchard_jax.tasks.swe.patches import (apply_patch_locally, clean_patch, diff_script,
-                                           patch_files)
+                                           file_changes, patch_files)
 
 
 def _git(repo, *args):
@@ -111,3 +114,66 @@ def test_clean_patch_and_diff_script(repo):
   out = subprocess.run(["bash", "-c", diff_script("HEAD", workdir=str(repo))],
                        capture_output=True, text=True, check=True).stdout
   assert patch_files(out) == ["brand_new.txt", "lf.txt"]
+
+
+# File names git writes plainly, quotes C-style, or splits ambiguously on the `diff --git` line.
+_NAME = st.lists(st.sampled_from(list("abz_.-") + [" ", '"', "\\", "\t", "é", "ü", "b/", " b/"]),
+                 min_size=1, max_size=8).map("".join).filter(
+                     lambda n: n.strip(". ") and "/." not in n and not n.endswith("/")
+                     and not n.startswith("/") and "//" not in n and not n.startswith("."))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_NAME, min_size=3, max_size=3, unique=True), st.data())
+def test_file_changes_names_what_git_names(tmp_path_factory, names, data):
+  # The reference is git itself: `git diff --name-status -z` on the change that made the patch.
+  repo = tmp_path_factory.mktemp("names")
+  _git(repo, "init", "-q")
+  paths = [f"d{i}/{name}" for i, name in enumerate(names)]
+  for path in paths:
+    (repo / path).parent.mkdir(parents=True, exist_ok=True)
+    (repo / path).write_bytes(b"one\ntwo\n")
+  (repo / "keep.txt").write_bytes(b"k\n")
+  _git(repo, "add", "-A")
+  _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "base")
+  modified, deleted, renamed = paths
+  (repo / modified).write_bytes(b"one\nTWO\n")
+  (repo / deleted).unlink()
+  _git(repo, "mv", renamed, renamed + " moved")
+  link = data.draw(st.sampled_from(["new link", 'li"nk', "plain"]))
+  os.symlink("/etc/hostname", repo / link)
+  (repo / "keep.txt").chmod(0o755)
+  _git(repo, "add", "-A")
+  patch = _git(repo, "diff", "--cached", "--binary", "-M", "HEAD").decode()
+  status = _git(repo, "diff", "--cached", "--name-status", "-z", "-M", "HEAD").decode()
+  fields, expected = status.split("\0"), {}
+  i = 0
+  while i < len(fields) - 1:
+    code = fields[i]
+    if code.startswith("R"):
+      expected[(fields[i + 1], fields[i + 2])] = "R"
+      i += 3
+    else:
+      expected[(fields[i + 1], fields[i + 1])] = code
+      i += 2
+  changes = file_changes(patch)
+  seen = {}
+  for change in changes:
+    key = (change.old_path or change.new_path, change.new_path or change.old_path)
+    seen[key] = ("A" if change.created else "D" if change.deleted
+                 else "R" if change.old_path != change.new_path else "M")
+  assert seen == expected
+  assert [c.new_path for c in changes if c.symlink] == [link]
+  assert next(c for c in changes if c.new_path == "keep.txt").new_mode == "100755"
+
+
+def test_file_changes_tolerates_what_model_patches_carry():
+  patch = ("Sure, here it is:\n```diff\n--- a/x.py\t2024-01-01 00:00\n+++ b/x.py\n"
+           "@@ -1,3 +1,3 @@\n a\n--- not a header: a removed line that starts with two dashes\n"
+           "+++ not a header either\n c\n```\n")
+  assert [(c.old_path, c.new_path) for c in file_changes(patch)] == [("x.py", "x.py")]
+  # Hunk counts that are off still find the next file.
+  off = ("--- a/x.py\n+++ b/x.py\n@@ -1,9 +1,9 @@\n-a\n+b\n"
+         "--- a/y.py\n+++ b/y.py\n@@ -1 +1 @@\n-a\n+b\n")
+  assert patch_files(off) == ["x.py", "y.py"]
+  assert file_changes("--- /dev/null\n+++ b/new.py\n@@ -0,0 +1 @@\n+x\n")[0].created

@@ -309,11 +309,11 @@ _SUSPICIOUS = [
     ("process_control", re.compile(r"\b(os\._exit|os\.fork|os\.forkpty|os\.kill|os\.killpg"
                                    r"|signal\.(signal|raise_signal|alarm|pthread_kill)"
                                    r"|sys\.exit|atexit\.register)\b|^\s*exit\(|^\s*quit\(")),
-    ("interpreter_hooks", re.compile(r"\b(sys\.modules\s*\[[^\]]*\]\s*=|sys\.meta_path"
+    ("interpreter_hooks", re.compile(r"sys\.modules\s*\[[^\]]*\]\s*=|\b(sys\.meta_path"
                                      r"|sys\.path_hooks|sys\.settrace|sys\.setprofile"
                                      r"|sys\._getframe|inspect\.(stack|currentframe|getouterframes)"
                                      r"|gc\.get_(objects|referrers)|__builtins__|import\s+builtins"
-                                     r"|builtins\.\w+\s*=|import\s+ctypes|from\s+ctypes)\b")),
+                                     r"|import\s+ctypes|from\s+ctypes)\b|\bbuiltins\.\w+\s*=")),
     ("report_forgery", re.compile(r"(PASSED|FAILED|XFAIL|ERROR)\s+\S+::|/proc/|junit|\.xml\b"
                                   r"|ORCHARD_")),
 ]
