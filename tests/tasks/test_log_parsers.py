@@ -97,7 +97,11 @@ def test_grading_follows_swe_bench_rules(pytest_log):
   assert report.pass_to_pass_success == [ok] and report.pass_to_pass_failure == [bad]
 
 
-def test_skipped_pass_to_pass_is_maintained_but_skipped_fail_to_pass_is_not():
+def test_a_skipped_test_is_not_passing_in_either_list():
+  # Stricter than SWE-bench (which counts a skipped PASS_TO_PASS test as maintained): a patch
+  # could otherwise skip the tests it breaks (grading.py's docstring, issue 17).
   status = {"t.py::a": "PASSED", "t.py::s": "SKIPPED"}
-  assert grading.resolution(grading.tests_report(status, ["t.py::a"], ["t.py::s"])) == "resolved"
+  report = grading.tests_report(status, ["t.py::a"], ["t.py::s"])
+  assert report.pass_to_pass_failure == ["t.py::s"]
+  assert grading.resolution(report) == "unresolved"
   assert grading.resolution(grading.tests_report(status, ["t.py::s"], ["t.py::a"])) == "unresolved"

@@ -133,7 +133,8 @@ def _header_name(text: str) -> str | None:
   text = text.rstrip("\r")
   if text.startswith('"'):
     return _unquote(text)[0]
-  return text.split("\t", 1)[0].rstrip() if "\t" in text else text
+  # git ends a name that holds a space with a tab (so does GNU diff, before its timestamp).
+  return text.split("\t", 1)[0] if "\t" in text else text
 
 
 def _git_line_names(rest: str) -> tuple[str | None, str | None]:
