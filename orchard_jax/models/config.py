@@ -1,4 +1,5 @@
-"""`ModelConfig`: every number that shapes a Qwen3 / Qwen3-MoE / Qwen3.5-MoE model.
+"""`ModelConfig`: every number that shapes a Qwen3 / Qwen3-MoE / Qwen3.5-MoE model, and
+`VisionConfig`: the vision front of a Qwen3-VL model (ModelConfig.vision).
 
 The field names follow Hugging Face transformers' config classes (Qwen3Config, Qwen3MoeConfig,
 Qwen3_5MoeTextConfig) wherever a field exists there, so `models.hf` maps config.json in both
@@ -17,6 +18,119 @@ MOE_DISPATCH = ("sort", "ragged", "dense", "decode")
 EXPERT_LOOPS = ("auto", "einsum", "unrolled")
 MOE_GROUPS = ("auto", "row", "batch")
 DTYPES = ("float32", "bfloat16", "float16")
+VISION_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionConfig:
+  """The vision encoder, merger and DeepStack of a Qwen3-VL model (transformers'
+  Qwen3VLVisionConfig, plus the special token ids of Qwen3VLConfig that mark images in text).
+
+  The encoder is a ViT over patch_size x patch_size pixel patches (temporal_patch_size frames
+  each; a still image is its frame repeated), with a learned position table of
+  num_position_embeddings = side^2 entries bilinearly resampled to each image's patch grid and
+  2-D rotary positions (row, column) in every attention block. The merger concatenates each
+  spatial_merge_size x spatial_merge_size block of patches and projects it to the language
+  model's width (out_hidden_size), one token per block; the blocks in
+  deepstack_visual_indexes also feed their own mergers, whose outputs are added to the hidden
+  states of the first len(deepstack_visual_indexes) decoder layers at image positions
+  (DeepStack, arXiv 2406.04334).
+
+  Attributes (transformers' names):
+    depth, hidden_size, intermediate_size, num_heads: the encoder blocks.
+    in_channels, patch_size, temporal_patch_size, spatial_merge_size: patching and merging.
+    out_hidden_size: the merger's output width; must equal ModelConfig.hidden_size.
+    num_position_embeddings: entries of the learned position table (a square number).
+    deepstack_visual_indexes: encoder blocks whose outputs feed DeepStack, in order.
+    hidden_act: activation of the encoder MLPs ("gelu_pytorch_tanh" in every release).
+    rope_theta: base of the 2-D rotary embedding.
+    layer_norm_eps: epsilon of the encoder's LayerNorms.
+    initializer_range: std of the normal initialiser.
+    image_token_id, video_token_id, vision_start_token_id, vision_end_token_id: the text
+      tokens of Qwen3VLConfig: a prompt holds <|vision_start|>, one <|image_pad|> per merged
+      token of the image, <|vision_end|>.
+  """
+  depth: int = 24
+  hidden_size: int = 1024
+  intermediate_size: int = 4096
+  num_heads: int = 16
+  in_channels: int = 3
+  patch_size: int = 16
+  temporal_patch_size: int = 2
+  spatial_merge_size: int = 2
+  out_hidden_size: int = 2560
+  num_position_embeddings: int = 2304
+  deepstack_visual_indexes: tuple[int, ...] = (5, 11, 17)
+  hidden_act: str = "gelu_pytorch_tanh"
+  rope_theta: float = 10000.0
+  layer_norm_eps: float = 1e-6
+  initializer_range: float = 0.02
+  image_token_id: int = 151655
+  video_token_id: int = 151656
+  vision_start_token_id: int = 151652
+  vision_end_token_id: int = 151653
+
+  def __post_init__(self):
+    object.__setattr__(self, "deepstack_visual_indexes",
+                       tuple(int(i) for i in self.deepstack_visual_indexes))
+    self._validate()
+
+  def _validate(self):
+    def need(cond, what, seen):
+      if not cond:
+        raise ConfigError(f"VisionConfig: expected {what}; got {seen}")
+    for name in ("depth", "hidden_size", "intermediate_size", "num_heads", "in_channels",
+                 "patch_size", "temporal_patch_size", "spatial_merge_size", "out_hidden_size",
+                 "num_position_embeddings"):
+      need(getattr(self, name) > 0, f"{name} > 0", getattr(self, name))
+    need(self.hidden_size % self.num_heads == 0, "hidden_size divisible by num_heads",
+         f"{self.hidden_size} and {self.num_heads}")
+    need(self.head_dim % 4 == 0, "a head dim divisible by 4 (2-D rotary embedding)",
+         self.head_dim)
+    side = self.position_grid_side
+    need(side * side == self.num_position_embeddings,
+         "a square num_position_embeddings", self.num_position_embeddings)
+    need(all(0 <= i < self.depth for i in self.deepstack_visual_indexes),
+         f"deepstack_visual_indexes within 0..{self.depth - 1}", self.deepstack_visual_indexes)
+    need(self.hidden_act in VISION_ACTIVATIONS, f"hidden_act in {VISION_ACTIVATIONS}",
+         repr(self.hidden_act))
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def position_grid_side(self) -> int:
+    """Side of the square learned position table."""
+    return int(round(self.num_position_embeddings ** 0.5))
+
+  @property
+  def patch_dim(self) -> int:
+    """Values per patch: in_channels * temporal_patch_size * patch_size^2 (the image
+    processor's pixel_values width)."""
+    return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+  @property
+  def merge_unit(self) -> int:
+    """Patches per merged (language-model) token: spatial_merge_size^2."""
+    return self.spatial_merge_size ** 2
+
+  def to_dict(self) -> dict[str, Any]:
+    out = dataclasses.asdict(self)
+    out["deepstack_visual_indexes"] = list(self.deepstack_visual_indexes)
+    return out
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> "VisionConfig":
+    """Builds a VisionConfig from a mapping; unknown keys are an error (ConfigError)."""
+    if hasattr(values, "to_dict"):
+      values = values.to_dict()
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+      raise ConfigError(f"VisionConfig.from_dict: unknown fields {unknown}; expected a subset "
+                        f"of {sorted(names)}")
+    return cls(**dict(values))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +173,15 @@ class ModelConfig:
     initializer_range: std of the normal initialiser for weight matrices.
     router_aux_loss_coef: weight of the load-balancing loss; the model returns the loss
       un-weighted and the trainer adds coef * loss.
+    vision: the vision front (VisionConfig) of a Qwen3-VL model (transformers'
+      Qwen3VLForConditionalGeneration on a qwen3 backbone, Qwen3VLMoeForConditionalGeneration
+      on a qwen3_moe one), or None for a text-only model.
+    mrope_section: with vision, how the rotary_dim / 2 frequencies split over the temporal,
+      height and width position ids of interleaved multimodal RoPE (Qwen3-VL: [24, 20, 20]);
+      frequency i follows the height id when i % 3 == 1 and i < 3 * mrope_section[1], the
+      width id when i % 3 == 2 and i < 3 * mrope_section[2], else the temporal id (as
+      transformers' Qwen3VLTextRotaryEmbedding; the temporal size is implied). Text tokens
+      have all three ids equal, where this is plain RoPE.
 
   Attributes (computation; orchard_jax only):
     moe_dispatch: "sort" (sort-and-group into per-expert capacity buffers; the default, fast
@@ -117,6 +240,8 @@ class ModelConfig:
   max_position_embeddings: int = 40960
   initializer_range: float = 0.02
   router_aux_loss_coef: float = 0.001
+  vision: Optional[VisionConfig] = None
+  mrope_section: tuple[int, ...] = ()
   # computation
   moe_dispatch: str = "sort"
   moe_capacity_factor: Optional[float] = None
@@ -135,6 +260,9 @@ class ModelConfig:
     # hashable and can be a static jit argument.
     object.__setattr__(self, "mlp_only_layers", tuple(int(i) for i in self.mlp_only_layers))
     object.__setattr__(self, "layer_types", tuple(str(t) for t in self.layer_types))
+    object.__setattr__(self, "mrope_section", tuple(int(i) for i in self.mrope_section))
+    if self.vision is not None and not isinstance(self.vision, VisionConfig):
+      object.__setattr__(self, "vision", VisionConfig.from_dict(self.vision))
     self._validate()
 
   def _validate(self):
@@ -192,6 +320,25 @@ class ModelConfig:
          "moe_capacity_factor None or > 0", self.moe_capacity_factor)
     need(self.dtype in DTYPES, f"dtype in {DTYPES}", repr(self.dtype))
     need(self.param_dtype in DTYPES, f"param_dtype in {DTYPES}", repr(self.param_dtype))
+    if self.mrope_section:
+      need(len(self.mrope_section) == 3 and min(self.mrope_section) >= 0,
+           "mrope_section of 3 non-negative sizes (temporal, height, width)", self.mrope_section)
+    v = self.vision
+    if v is not None:
+      need(self.architecture in ("qwen3", "qwen3_moe"),
+           "a qwen3 or qwen3_moe backbone for a vision-language model (Qwen3-VL)",
+           repr(self.architecture))
+      need(bool(self.mrope_section), "mrope_section with vision (Qwen3-VL: [24, 20, 20])",
+           self.mrope_section)
+      need(v.out_hidden_size == self.hidden_size,
+           f"vision.out_hidden_size == hidden_size ({self.hidden_size})", v.out_hidden_size)
+      need(len(v.deepstack_visual_indexes) <= self.num_hidden_layers,
+           f"at most {self.num_hidden_layers} DeepStack levels (one per decoder layer)",
+           len(v.deepstack_visual_indexes))
+      for name in ("image_token_id", "video_token_id", "vision_start_token_id",
+                   "vision_end_token_id"):
+        need(0 <= getattr(v, name) < self.vocab_size, f"vision.{name} within the vocabulary "
+             f"[0, {self.vocab_size})", getattr(v, name))
 
   # ---- derived quantities -------------------------------------------------------------------
 
@@ -218,6 +365,11 @@ class ModelConfig:
     return tuple(i for i in range(self.num_hidden_layers) if self.is_moe_layer(i))
 
   @property
+  def is_multimodal(self) -> bool:
+    """A vision-language model (has a vision front)."""
+    return self.vision is not None
+
+  @property
   def has_linear_attention(self) -> bool:
     return "linear_attention" in self.layer_types
 
@@ -239,13 +391,17 @@ class ModelConfig:
     out = dataclasses.asdict(self)
     out["mlp_only_layers"] = list(self.mlp_only_layers)
     out["layer_types"] = list(self.layer_types)
+    out["mrope_section"] = list(self.mrope_section)
+    out["vision"] = None if self.vision is None else self.vision.to_dict()
     return out
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
     """Builds a config from a mapping (dict, ConfigDict); unknown keys are an error.
 
-    A "preset" key, when present, names the base preset the other keys override.
+    A "preset" key, when present, names the base preset the other keys override. "vision"
+    may be a mapping of VisionConfig fields (or None); a mapping over a preset with vision
+    overrides the preset's vision fields it names.
 
     Raises:
       ConfigError: a key is not a ModelConfig field, or the values are inconsistent.
@@ -262,5 +418,9 @@ class ModelConfig:
     if unknown:
       raise ConfigError(f"ModelConfig.from_dict: unknown fields {unknown}; expected a subset of "
                         f"{sorted(names)}")
+    if isinstance(values.get("vision"), Mapping) or hasattr(values.get("vision"), "to_dict"):
+      vision = values["vision"]
+      vision = vision.to_dict() if hasattr(vision, "to_dict") else dict(vision)
+      values["vision"] = dict(base.get("vision") or {}, **vision)
     base.update(values)
     return cls(**base)

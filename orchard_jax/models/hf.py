@@ -4,22 +4,19 @@ Reads what transformers writes and what the Qwen releases publish:
   - model_type "qwen3", "qwen3_moe", "qwen3_5_moe_text", and the composite "qwen3_5_moe"
     (text_config is used; "model.language_model." weights are read, vision and MTP weights
     skipped);
-  - experts stored per expert ("mlp.experts.{e}.gate_proj.weight", transformers' saved form
-    and the Qwen3 releases) or fused ("mlp.experts.gate_up_proj" [E, 2F, D],
-    "mlp.experts.down_proj" [E, D, F], transformers' in-memory form);
+  - the vision-language "qwen3_vl" (Qwen3-VL-4B ...: dense text model) and "qwen3_vl_moe"
+    (Qwen3-VL-30B-A3B ...: MoE text model), vision tower included (ModelConfig.vision);
+  - experts per expert or fused, in either orientation (models.hf_layout);
   - one model.safetensors or shards listed by model.safetensors.index.json.
-Writes the per-expert form, sharded with an index when larger than `max_shard_bytes`, with a
-config.json that transformers' AutoConfig / AutoModelForCausalLM load (Qwen3ForCausalLM,
-Qwen3MoeForCausalLM, Qwen3_5MoeForCausalLM).
-
-Layout conversions (transformers stores nn.Linear weights as [out, in]; orchard_jax stores
-[in, ...heads, dim]): q_proj of Qwen3.5 interleaves per head [query(head_dim), gate(head_dim)];
-in_proj_qkv stacks q | k | v rows; conv1d.weight is [channels, 1, kernel].
+Writes sharded safetensors with an index when larger than `max_shard_bytes`, with a
+config.json that transformers' AutoConfig / AutoModelForCausalLM (or, for vision-language
+models, AutoModelForImageTextToText) load: Qwen3ForCausalLM, Qwen3MoeForCausalLM,
+Qwen3_5MoeForCausalLM, Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration.
+Which tensor makes which parameter, and the layout conversions, are in models.hf_layout.
 """
-import dataclasses
 import json
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -28,9 +25,10 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from orchard_jax.models.config import ModelConfig
+from orchard_jax.models.config import ModelConfig, VisionConfig
 from orchard_jax.models.decoder import CausalLM
 from orchard_jax.models.errors import CheckpointError, CheckpointMismatch, ConfigError
+from orchard_jax.models.hf_layout import layout
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
@@ -41,7 +39,8 @@ _SKIP_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.vision_tower.")
 
 
 def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
-  """ModelConfig from a transformers config.json dict (qwen3, qwen3_moe, qwen3_5_moe[_text]).
+  """ModelConfig from a transformers config.json dict (qwen3, qwen3_moe, qwen3_5_moe[_text],
+  qwen3_vl, qwen3_vl_moe).
 
   Args:
     hf: the parsed config.json.
@@ -51,6 +50,8 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
       scaling, an activation other than silu).
   """
   model_type = hf.get("model_type")
+  if model_type in ("qwen3_vl", "qwen3_vl_moe"):
+    return _vl_config_from_hf(hf, **overrides)
   tie = hf.get("tie_word_embeddings", False)
   if model_type == "qwen3_5_moe":
     tie = hf.get("tie_word_embeddings", hf.get("text_config", {}).get("tie_word_embeddings",
@@ -62,7 +63,7 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
       model_type)
   if arch is None:
     raise ConfigError(f"config.json model_type {model_type!r} is not supported; expected one of "
-                      "qwen3, qwen3_moe, qwen3_5_moe, qwen3_5_moe_text")
+                      "qwen3, qwen3_moe, qwen3_5_moe, qwen3_5_moe_text, qwen3_vl, qwen3_vl_moe")
   if hf.get("hidden_act", "silu") != "silu":
     raise ConfigError(f"hidden_act {hf['hidden_act']!r} is not supported; expected 'silu'")
   if hf.get("attention_bias", False):
@@ -123,8 +124,57 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
   return ModelConfig(**values)
 
 
+def _vl_config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
+  """A Qwen3-VL composite config: text_config (qwen3_vl_text / qwen3_vl_moe_text) as the
+  qwen3 / qwen3_moe backbone, vision_config, the vision token ids, interleaved M-RoPE."""
+  moe = hf["model_type"] == "qwen3_vl_moe"
+  text = dict(hf.get("text_config") or {})
+  rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+  section = rope.get("mrope_section")
+  if not section:
+    raise ConfigError("a qwen3_vl config.json without text_config.rope_parameters."
+                      "mrope_section; expected e.g. [24, 20, 20]")
+  text["model_type"] = "qwen3_moe" if moe else "qwen3"
+  # The composite's tie_word_embeddings is the one transformers applies to lm_head.
+  text["tie_word_embeddings"] = hf.get("tie_word_embeddings", False)
+  if moe:
+    text["norm_topk_prob"] = True        # Qwen3VLMoeTextTopKRouter always renormalises
+  dtype = text.get("dtype") or hf.get("dtype") or hf.get("torch_dtype")
+  if dtype:
+    text["dtype"] = dtype
+  vision = dict(hf.get("vision_config") or {})
+  act = vision.get("hidden_act", "gelu_pytorch_tanh")
+  vrope = dict(vision.get("rope_parameters") or {})
+  defaults = VisionConfig()
+  try:
+    vc = VisionConfig(
+        depth=vision.get("depth", defaults.depth),
+        hidden_size=vision.get("hidden_size", defaults.hidden_size),
+        intermediate_size=vision.get("intermediate_size", defaults.intermediate_size),
+        num_heads=vision.get("num_heads", defaults.num_heads),
+        in_channels=vision.get("in_channels", 3),
+        patch_size=vision.get("patch_size", 16),
+        temporal_patch_size=vision.get("temporal_patch_size", 2),
+        spatial_merge_size=vision.get("spatial_merge_size", 2),
+        out_hidden_size=vision.get("out_hidden_size", text.get("hidden_size")),
+        num_position_embeddings=vision.get("num_position_embeddings", 2304),
+        deepstack_visual_indexes=tuple(vision.get("deepstack_visual_indexes", (8, 16, 24))),
+        hidden_act=act, rope_theta=float(vrope.get("rope_theta", 10000.0)),
+        initializer_range=vision.get("initializer_range", 0.02),
+        image_token_id=hf.get("image_token_id", defaults.image_token_id),
+        video_token_id=hf.get("video_token_id", defaults.video_token_id),
+        vision_start_token_id=hf.get("vision_start_token_id", defaults.vision_start_token_id),
+        vision_end_token_id=hf.get("vision_end_token_id", defaults.vision_end_token_id))
+  except TypeError as e:
+    raise ConfigError(f"qwen3_vl vision_config is malformed: {e}") from e
+  return config_from_hf(text, vision=vc, mrope_section=tuple(section), **overrides)
+
+
 def config_to_hf(config: ModelConfig) -> dict[str, Any]:
-  """transformers config.json dict for `config` (the CausalLM class of its architecture)."""
+  """transformers config.json dict for `config` (the CausalLM class of its architecture, or
+  Qwen3VL(Moe)ForConditionalGeneration for a vision-language config)."""
+  if config.vision is not None:
+    return _vl_config_to_hf(config)
   c = config
   out: dict[str, Any] = dict(
       vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers,
@@ -161,161 +211,42 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
   return out
 
 
-# ---------------------------------------------------------------------------------------------
-# parameter layout
-
-
-@dataclasses.dataclass(frozen=True)
-class _Rule:
-  """One orchard_jax parameter and the transformers tensors it is made of."""
-  path: tuple                                  # path in nnx.state(model, nnx.Param)
-  names: tuple[str, ...]                       # transformers tensor names
-  to_ours: Callable[[list[np.ndarray]], np.ndarray]
-  to_hf: Callable[[np.ndarray], list[np.ndarray]]
-
-
-def _linear(path, name, out_shape):
-  """nn.Linear [out, in] <-> ours [in, *out_shape]."""
-  def to_ours(ts):
-    w = ts[0]
-    return w.T.reshape((w.shape[1],) + tuple(out_shape))
-
-  def to_hf(a):
-    return [a.reshape(a.shape[0], -1).T]
-  return _Rule(path, (name,), to_ours, to_hf)
-
-
-def _linear_in(path, name, in_shape):
-  """nn.Linear [out, in] <-> ours [*in_shape, out] (output projections)."""
-  def to_ours(ts):
-    w = ts[0]
-    return w.T.reshape(tuple(in_shape) + (w.shape[0],))
-
-  def to_hf(a):
-    return [a.reshape(-1, a.shape[-1]).T]
-  return _Rule(path, (name,), to_ours, to_hf)
-
-
-def _same(path, name):
-  return _Rule(path, (name,), lambda ts: ts[0], lambda a: [a])
-
-
-def _layout(config: ModelConfig, fused_experts: bool = False) -> list[_Rule]:
-  c = config
-  rules = [_same(("model", "embed_tokens"), "model.embed_tokens.weight"),
-           _same(("model", "norm", "weight"), "model.norm.weight")]
-  if not c.tie_word_embeddings:
-    rules.append(_linear(("lm_head",), "lm_head.weight", (c.vocab_size,)))
-  h, kvh, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-  nk, nv = c.linear_num_key_heads, c.linear_num_value_heads
-  dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
-  for i in range(c.num_hidden_layers):
-    p = ("model", "layers", i)
-    n = f"model.layers.{i}."
-    rules += [_same(p + ("input_layernorm", "weight"), n + "input_layernorm.weight"),
-              _same(p + ("post_attention_layernorm", "weight"),
-                    n + "post_attention_layernorm.weight")]
-    if c.layer_type(i) == "full_attention":
-      a, an = p + ("self_attn",), n + "self_attn."
-      if c.attention_output_gate:
-        rules += _gated_q_rules(a, an + "q_proj.weight", h, hd)
-      else:
-        rules.append(_linear(a + ("q_proj",), an + "q_proj.weight", (h, hd)))
-      rules += [_linear(a + ("k_proj",), an + "k_proj.weight", (kvh, hd)),
-                _linear(a + ("v_proj",), an + "v_proj.weight", (kvh, hd)),
-                _linear_in(a + ("o_proj",), an + "o_proj.weight", (h, hd)),
-                _same(a + ("q_norm", "weight"), an + "q_norm.weight"),
-                _same(a + ("k_norm", "weight"), an + "k_norm.weight")]
-    else:
-      a, an = p + ("linear_attn",), n + "linear_attn."
-      rules += _deltanet_rules(a, an, nk, nv, dk, dv)
-    m, mn = p + ("mlp",), n + "mlp."
-    if c.is_moe_layer(i):
-      rules.append(_linear(m + ("router",), mn + "gate.weight", (c.num_experts,)))
-      rules += _expert_rules(m, mn, c.num_experts, fused_experts)
-      if c.shared_expert_intermediate_size:
-        s, sn = m + ("shared_expert",), mn + "shared_expert."
-        f = c.shared_expert_intermediate_size
-        rules += [_linear(s + ("gate_proj",), sn + "gate_proj.weight", (f,)),
-                  _linear(s + ("up_proj",), sn + "up_proj.weight", (f,)),
-                  _linear_in(s + ("down_proj",), sn + "down_proj.weight", (f,)),
-                  _Rule(m + ("shared_expert_gate",), (mn + "shared_expert_gate.weight",),
-                        lambda ts: ts[0][0], lambda x: [x[None, :]])]
-    else:
-      f = c.intermediate_size
-      rules += [_linear(m + ("gate_proj",), mn + "gate_proj.weight", (f,)),
-                _linear(m + ("up_proj",), mn + "up_proj.weight", (f,)),
-                _linear_in(m + ("down_proj",), mn + "down_proj.weight", (f,))]
-  return rules
-
-
-def _gated_q_rules(a, name, h, hd):
-  """Qwen3.5 q_proj [h * 2 * hd, D]: per head, head_dim query rows then head_dim gate rows."""
-  def part(idx):
-    return lambda ts: ts[0].reshape(h, 2, hd, -1)[:, idx].transpose(2, 0, 1)
-  # Both orchard_jax params come from one tensor; to_hf of the query returns the full tensor
-  # and needs the gate, so the gate rule carries it (see _merge_gated_q).
-  return [_Rule(a + ("q_proj",), (name,), part(0), lambda x: [x]),
-          _Rule(a + ("gate_proj",), (name,), part(1), lambda x: [x])]
-
-
-def _merge_gated_q(q: np.ndarray, gate: np.ndarray) -> np.ndarray:
-  """ours q, gate [D, h, hd] -> transformers q_proj.weight [h * 2 * hd, D]."""
-  d, h, hd = q.shape
-  both = np.stack([q, gate], axis=2)                       # [D, h, 2, hd]
-  return both.reshape(d, h * 2 * hd).T
-
-
-def _deltanet_rules(a, an, nk, nv, dk, dv):
-  key, val = nk * dk, nv * dv
-
-  def qkv_part(start, size, heads, dim):
-    return lambda ts: ts[0][start:start + size].T.reshape(-1, heads, dim)
-
-  def conv_part(start, size, heads, dim):
-    return lambda ts: ts[0][start:start + size, 0, :].T.reshape(-1, heads, dim)
-
-  qkv, conv = an + "in_proj_qkv.weight", an + "conv1d.weight"
-  ident = lambda x: [x]  # noqa: E731  (merged in _to_hf_tensors)
-  return [
-      _Rule(a + ("q_proj",), (qkv,), qkv_part(0, key, nk, dk), ident),
-      _Rule(a + ("k_proj",), (qkv,), qkv_part(key, key, nk, dk), ident),
-      _Rule(a + ("v_proj",), (qkv,), qkv_part(2 * key, val, nv, dv), ident),
-      _Rule(a + ("conv_q",), (conv,), conv_part(0, key, nk, dk), ident),
-      _Rule(a + ("conv_k",), (conv,), conv_part(key, key, nk, dk), ident),
-      _Rule(a + ("conv_v",), (conv,), conv_part(2 * key, val, nv, dv), ident),
-      _linear(a + ("z_proj",), an + "in_proj_z.weight", (nv, dv)),
-      _linear(a + ("b_proj",), an + "in_proj_b.weight", (nv,)),
-      _linear(a + ("a_proj",), an + "in_proj_a.weight", (nv,)),
-      _same(a + ("dt_bias",), an + "dt_bias"),
-      _same(a + ("A_log",), an + "A_log"),
-      _same(a + ("norm",), an + "norm.weight"),
-      _linear_in(a + ("out_proj",), an + "out_proj.weight", (nv, dv)),
-  ]
-
-
-def _expert_rules(m, mn, e, fused):
-  if fused:
-    gu, dn = mn + "experts.gate_up_proj", mn + "experts.down_proj"
-
-    def half(idx):
-      def f(ts):
-        w = ts[0]                                           # [E, 2F, D]
-        ff = w.shape[1] // 2
-        return w[:, idx * ff:(idx + 1) * ff].transpose(0, 2, 1)
-      return f
-    return [_Rule(m + ("w_gate",), (gu,), half(0), lambda x: [x]),
-            _Rule(m + ("w_up",), (gu,), half(1), lambda x: [x]),
-            _Rule(m + ("w_down",), (dn,), lambda ts: ts[0].transpose(0, 2, 1),
-                  lambda x: [x.transpose(0, 2, 1)])]
-
-  def stacked(proj):
-    names = tuple(f"{mn}experts.{j}.{proj}.weight" for j in range(e))
-    return (names, lambda ts: np.stack([t.T for t in ts]),
-            lambda x: [x[j].T for j in range(x.shape[0])])
-  return [_Rule(m + ("w_gate",), *stacked("gate_proj")),
-          _Rule(m + ("w_up",), *stacked("up_proj")),
-          _Rule(m + ("w_down",), *stacked("down_proj"))]
+def _vl_config_to_hf(config: ModelConfig) -> dict[str, Any]:
+  c, v = config, config.vision
+  moe = c.architecture == "qwen3_moe"
+  text: dict[str, Any] = dict(
+      model_type="qwen3_vl_moe_text" if moe else "qwen3_vl_text", vocab_size=c.vocab_size,
+      hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers,
+      num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
+      head_dim=c.head_dim, intermediate_size=c.intermediate_size, hidden_act="silu",
+      max_position_embeddings=c.max_position_embeddings, initializer_range=c.initializer_range,
+      rms_norm_eps=c.rms_norm_eps, attention_bias=False, attention_dropout=0.0,
+      dtype=c.param_dtype, use_cache=True, tie_word_embeddings=c.tie_word_embeddings,
+      rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta,
+                       "mrope_section": list(c.mrope_section), "mrope_interleaved": True})
+  if moe:
+    text.update(num_experts=c.num_experts, num_experts_per_tok=c.num_experts_per_tok,
+                moe_intermediate_size=c.moe_intermediate_size,
+                decoder_sparse_step=c.decoder_sparse_step,
+                mlp_only_layers=list(c.mlp_only_layers),
+                router_aux_loss_coef=c.router_aux_loss_coef)
+  vision = dict(
+      model_type="qwen3_vl_moe_vision" if moe else "qwen3_vl_vision", depth=v.depth,
+      hidden_size=v.hidden_size, intermediate_size=v.intermediate_size, num_heads=v.num_heads,
+      in_channels=v.in_channels, patch_size=v.patch_size,
+      temporal_patch_size=v.temporal_patch_size, spatial_merge_size=v.spatial_merge_size,
+      out_hidden_size=v.out_hidden_size, num_position_embeddings=v.num_position_embeddings,
+      deepstack_visual_indexes=list(v.deepstack_visual_indexes), hidden_act=v.hidden_act,
+      initializer_range=v.initializer_range,
+      rope_parameters={"rope_type": "axial", "rope_theta": v.rope_theta})
+  return dict(
+      model_type="qwen3_vl_moe" if moe else "qwen3_vl",
+      architectures=["Qwen3VLMoeForConditionalGeneration" if moe
+                     else "Qwen3VLForConditionalGeneration"],
+      text_config=text, vision_config=vision, tie_word_embeddings=c.tie_word_embeddings,
+      image_token_id=v.image_token_id, video_token_id=v.video_token_id,
+      vision_start_token_id=v.vision_start_token_id, vision_end_token_id=v.vision_end_token_id,
+      dtype=c.param_dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,45 +267,29 @@ def _to_host(value: jax.Array) -> np.ndarray:
 
 
 def params_to_hf(model: CausalLM) -> dict[str, np.ndarray]:
-  """The model's parameters as transformers-named numpy arrays (per-expert layout).
+  """The model's parameters as transformers-named numpy arrays (models.hf_layout).
 
   On a multi-host mesh every process must call this (parameters sharded across hosts are
   gathered collectively); each gets the full arrays.
   """
-  config = model.config
   flat = {tuple(p): _to_host(v[...])
           for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
   out: dict[str, np.ndarray] = {}
-  for rule in _layout(config):
-    arr = flat[rule.path]
-    owner, leaf = (rule.path[-2] if len(rule.path) > 1 else ""), rule.path[-1]
-    if owner == "self_attn" and leaf == "gate_proj":
-      continue                                   # written together with q_proj
-    if owner == "self_attn" and leaf == "q_proj" and config.attention_output_gate:
-      out[rule.names[0]] = np.ascontiguousarray(
-          _merge_gated_q(arr, flat[rule.path[:-1] + ("gate_proj",)]))
-      continue
-    if owner == "linear_attn" and leaf in ("q_proj", "k_proj", "v_proj"):
-      if leaf == "q_proj":                       # in_proj_qkv stacks q | k | v rows
-        parts = [flat[rule.path[:-1] + (n,)] for n in ("q_proj", "k_proj", "v_proj")]
-        out[rule.names[0]] = np.ascontiguousarray(
-            np.concatenate([x.reshape(x.shape[0], -1) for x in parts], 1).T)
-      continue
-    if owner == "linear_attn" and leaf in ("conv_q", "conv_k", "conv_v"):
-      if leaf == "conv_q":                       # conv1d.weight [channels, 1, kernel]
-        parts = [flat[rule.path[:-1] + (n,)] for n in ("conv_q", "conv_k", "conv_v")]
-        w = np.concatenate([x.reshape(x.shape[0], -1) for x in parts], 1)
-        out[rule.names[0]] = np.ascontiguousarray(w.T[:, None, :])
-      continue
-    for name, tensor in zip(rule.names, rule.to_hf(arr)):
+  for rule in layout(model.config):
+    for name, tensor in zip(rule.names, rule.export(flat)):
       out[name] = np.ascontiguousarray(tensor)
   return out
 
 
 class _TensorReader:
-  """Random access to the tensors of a checkpoint folder (single file or sharded index)."""
+  """Random access to the tensors of a checkpoint folder (single file or sharded index).
 
-  def __init__(self, folder: str):
+  Names are transformers' for the text model ("model.layers...."; a composite checkpoint's
+  "model.language_model." is read as "model.", its vision and MTP tensors skipped), or, with
+  `multimodal`, exactly as stored (a Qwen3-VL model reads its vision tower too).
+  """
+
+  def __init__(self, folder: str, multimodal: bool = False):
     index_path = os.path.join(folder, _INDEX)
     if os.path.exists(index_path):
       with open(index_path) as f:
@@ -390,6 +305,9 @@ class _TensorReader:
     self.folder = folder
     self.weight_map: dict[str, tuple[str, str]] = {}   # our name -> (file, stored name)
     for stored, file in weight_map.items():
+      if multimodal:
+        self.weight_map[stored] = (file, stored)
+        continue
       if stored.startswith(_SKIP_PREFIXES):
         continue
       name = stored
@@ -435,7 +353,7 @@ def load_pretrained(folder: str, *, mesh: Optional[jax.sharding.Mesh] = None,
     raise CheckpointError(f"no config.json in {folder!r}")
   with open(config_path) as f:
     config = config_from_hf(json.load(f), **config_overrides)
-  reader = _TensorReader(folder)
+  reader = _TensorReader(folder, multimodal=config.vision is not None)
   model = nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
   load_params(model, reader, mesh=mesh)
   return config, model
@@ -446,11 +364,12 @@ def load_params(model: CausalLM, source, *, mesh: Optional[jax.sharding.Mesh] = 
 
   The model may be abstract (nnx.eval_shape); every parameter is replaced.
   """
-  reader = source if isinstance(source, _TensorReader) else _TensorReader(source)
   config = model.config
+  reader = source if isinstance(source, _TensorReader) else _TensorReader(
+      source, multimodal=config.vision is not None)
   names = reader.names()
   fused = any(n.endswith("mlp.experts.gate_up_proj") for n in names)
-  rules = _layout(config, fused_experts=fused)
+  rules = layout(config, fused_experts=fused)
   expected = {n for r in rules for n in r.names}
   unexpected = sorted(names - expected)
   if unexpected:

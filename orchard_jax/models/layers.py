@@ -1,5 +1,6 @@
 """Building blocks shared by every architecture: parameters with logical axes, RMSNorm
-(plain and zero-centred), rotary position embedding (full and partial), the SwiGLU MLP.
+(plain and zero-centred), LayerNorm (the vision encoder's), rotary position embedding (full,
+partial and interleaved multimodal), the SwiGLU MLP.
 
 Parameter layout: weights are stored input-dimension first ([embed, heads, head_dim],
 [embed, mlp], ...), each with logical axis names (parallel.rules) in the `logical_axes`
@@ -11,6 +12,7 @@ from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from orchard_jax.models.config import ModelConfig
@@ -68,6 +70,27 @@ class RMSNorm(nnx.Module):
     return (h * scale).astype(x.dtype)
 
 
+class LayerNorm(nnx.Module):
+  """Layer normalisation with scale and bias over the last axis (Ba et al. 2016), computed in
+  float32: y = (x - mean) / sqrt(var + eps) * w + b (torch.nn.LayerNorm; the vision encoder's
+  norms)."""
+
+  def __init__(self, dim: int, *, eps: float, param_dtype: jnp.dtype, rngs: nnx.Rngs,
+               axis_name: str = "norm"):
+    self.eps = eps
+    self.weight = param(rngs, constant(1.0), (dim,), (axis_name,), param_dtype)
+    self.bias = param(rngs, constant(0.0), (dim,), (axis_name,), param_dtype)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """x [..., dim] -> [..., dim] in x's dtype."""
+    h = x.astype(jnp.float32)
+    mean = jnp.mean(h, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(h - mean), axis=-1, keepdims=True)
+    h = (h - mean) * jax.lax.rsqrt(var + self.eps)
+    h = h * self.weight[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
+    return h.astype(x.dtype)
+
+
 def rope_tables(positions: jax.Array, rotary_dim: int, theta: float) -> tuple[jax.Array,
                                                                                jax.Array]:
   """cos and sin tables of rotary embedding (Su et al. 2021, RoFormer) for integer positions.
@@ -81,6 +104,33 @@ def rope_tables(positions: jax.Array, rotary_dim: int, theta: float) -> tuple[ja
   """
   inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
   freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+  return jnp.cos(freqs), jnp.sin(freqs)
+
+
+def mrope_tables(positions: jax.Array, rotary_dim: int, theta: float,
+                 mrope_section: Sequence[int]) -> tuple[jax.Array, jax.Array]:
+  """cos and sin tables of interleaved multimodal RoPE (Qwen3-VL) for 3-D position ids.
+
+  Frequency i = theta^(-2i/dim) is applied to the height id when i % 3 == 1 and
+  i < 3 * mrope_section[1], to the width id when i % 3 == 2 and i < 3 * mrope_section[2], and
+  to the temporal id otherwise (transformers' Qwen3VLTextRotaryEmbedding with
+  mrope_interleaved). With the three ids equal this is rope_tables of that id.
+
+  Args:
+    positions: [batch, seq, 3] int32 (temporal, height, width) position ids.
+    rotary_dim: number of rotated dimensions (even).
+    theta: RoPE base.
+    mrope_section: (temporal, height, width) frequency counts.
+  Returns:
+    (cos, sin), each [batch, seq, rotary_dim // 2] float32.
+  """
+  half = rotary_dim // 2
+  axis = np.zeros(half, np.int32)
+  for which in (1, 2):
+    axis[which:min(3 * mrope_section[which], half):3] = which
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+  chosen = jnp.take(positions, jnp.asarray(axis), axis=-1).astype(jnp.float32)
+  freqs = chosen * inv_freq
   return jnp.cos(freqs), jnp.sin(freqs)
 
 

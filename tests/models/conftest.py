@@ -35,6 +35,25 @@ def tiny_config(arch: str, **overrides) -> models.ModelConfig:
   return dataclasses.replace(base, **overrides)
 
 
+def tiny_vl_config(arch: str = "qwen3", **overrides) -> models.ModelConfig:
+  """A 3-layer Qwen3-VL config on a dense ("qwen3") or MoE ("qwen3_moe") backbone: a 3-block
+  vision encoder with a 4 x 4 learned position table (so every image grid resamples it) and
+  DeepStack from blocks 0 and 2 into decoder layers 0 and 1. Vocabulary 256 with the vision
+  tokens at 250..253; head_dim 32 so interleaved M-RoPE (4, 6, 6) splits 16 frequencies."""
+  vision = models.VisionConfig(
+      depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+      num_position_embeddings=16, deepstack_visual_indexes=(0, 2), image_token_id=250,
+      video_token_id=251, vision_start_token_id=252, vision_end_token_id=253)
+  moe = arch == "qwen3_moe"
+  base = models.get_preset("tiny" if moe else "tiny_dense")
+  config = dataclasses.replace(
+      base, vocab_size=256, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+      num_key_value_heads=2, head_dim=32, intermediate_size=96, rope_theta=10000.0,
+      moe_intermediate_size=24 if moe else 0, num_experts=4 if moe else 0,
+      num_experts_per_tok=2 if moe else 0, mrope_section=(4, 6, 6), vision=vision)
+  return dataclasses.replace(config, **overrides)
+
+
 def padded_batch(seed: int, lengths, seq: int, vocab: int = 256, left: bool = False):
   """[batch, seq] ids / positions / segment ids, one sequence per row of the given lengths,
   right-padded (or left-padded)."""
@@ -79,7 +98,7 @@ def random_model(config: models.ModelConfig, seed: int = 0, cls=models.CausalLM)
     names = [str(p) for p in path]
     shape = var.shape
     noise = rng.normal(size=shape)
-    if names[-1] == "weight" or names[-1] == "norm":      # RMSNorm scales
+    if names[-1] in ("weight", "norm") and len(shape) == 1:   # RMSNorm / LayerNorm scales
       zero_centered = config.zero_centered_norm and names[-1] == "weight"
       value = 0.1 * noise + (0.0 if zero_centered else 1.0)
     elif names[-1] == "A_log":

@@ -73,3 +73,57 @@ def test_bad_configs_name_what_was_expected():
     dataclasses.replace(models.get_preset("tiny"), moe_dispatch="magic")
   with pytest.raises(models.ConfigError, match="unknown model preset 'huge'"):
     models.get_preset("huge")
+
+
+@pytest.mark.slow      # jax.eval_shape of a 4B / 31B model with its vision tower: 30-60 s
+@pytest.mark.parametrize("name, total, decimals", [
+    ("qwen3_vl_4b", 4.44e9, 2),          # Qwen3-VL-4B-Instruct model card: 4.44B params
+    ("qwen3_vl_30b_a3b", 31.1e9, 1),     # Qwen3-VL-30B-A3B-Instruct model card: 31.1B params
+])
+def test_vision_language_presets_have_the_published_parameter_counts(name, total, decimals):
+  config = models.get_preset(name)
+  count = count_params(config)
+  assert round(count.total / 1e9, decimals) == round(total / 1e9, decimals)
+  # The text backbone alone is the text release (Qwen3-4B / Qwen3-30B-A3B): the vision tower
+  # adds 0.4-0.6B (encoder blocks, merger, DeepStack mergers, patch and position tables).
+  assert 0.4e9 < count.vision < 0.6e9
+  text = {"qwen3_vl_4b": 4.02e9, "qwen3_vl_30b_a3b": 30.5e9}[name]   # Qwen3-4B, Qwen3-30B-A3B
+  assert count.total - count.vision == pytest.approx(text, rel=0.01)
+
+
+def test_vision_parameter_count_by_hand_for_tiny_vl():
+  c = models.get_preset("tiny_vl")
+  v = c.vision
+  d, f, wide = v.hidden_size, v.intermediate_size, v.hidden_size * 4
+  block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d)
+  merger = 2 * d + (wide * wide + wide) + (wide * c.hidden_size + c.hidden_size)
+  deepstack = 2 * wide + (wide * wide + wide) + (wide * c.hidden_size + c.hidden_size)
+  vision = (v.patch_dim * d + d + v.num_position_embeddings * d + v.depth * block + merger
+            + len(v.deepstack_visual_indexes) * deepstack)
+  count = count_params(c)
+  assert count.vision == vision
+  assert count.total == count_params(dataclasses.replace(c, vision=None)).total + vision
+
+
+def test_vision_config_round_trips_and_validates():
+  config = models.get_preset("tiny_vl")
+  assert models.ModelConfig.from_dict(config.to_dict()) == config
+  assert models.ModelConfig.from_dict(ml_collections.ConfigDict(config.to_dict())) == config
+  deeper = models.ModelConfig.from_dict({"preset": "tiny_vl", "vision": {"depth": 6}})
+  assert deeper.vision.depth == 6 and deeper.vision.hidden_size == config.vision.hidden_size
+  hash(config)
+  with pytest.raises(models.ConfigError, match="out_hidden_size == hidden_size"):
+    dataclasses.replace(config, hidden_size=128)
+  with pytest.raises(models.ConfigError, match="mrope_section with vision"):
+    dataclasses.replace(config, mrope_section=())
+  with pytest.raises(models.ConfigError, match="qwen3 or qwen3_moe backbone"):
+    dataclasses.replace(models.get_preset("tiny_qwen3_5"), vision=config.vision,
+                        mrope_section=(4, 6, 6))
+  with pytest.raises(models.ConfigError, match="image_token_id within the vocabulary"):
+    dataclasses.replace(config, vocab_size=8192)
+  with pytest.raises(models.ConfigError, match="deepstack_visual_indexes within 0..3"):
+    dataclasses.replace(config.vision, deepstack_visual_indexes=(1, 4))
+  with pytest.raises(models.ConfigError, match="square num_position_embeddings"):
+    dataclasses.replace(config.vision, num_position_embeddings=2000)
+  with pytest.raises(models.ConfigError, match="unknown fields \\['dpeth'\\]"):
+    models.ModelConfig.from_dict({"preset": "tiny_vl", "vision": {"dpeth": 2}})
