@@ -49,6 +49,10 @@ class ModelCall:
     response: the assistant message returned to the harness (content, tool_calls,
       reasoning_content), or None when the call failed.
     finish_reason: "stop", "length", "tool_calls", "abort", or None.
+    delivered: False when the caller never got the answer (it disconnected while the call was
+      generated or sent; the engine request was aborted): kept as a record of what happened,
+      never trained on (`sequences_from_model_calls` leaves it out), and the proxy's session
+      continues from the last delivered call, as the caller's retry does.
     text_only: True when the upstream returned text only (a hosted API): there are no sampled
       ids, and the record can train SFT (re-tokenised by the student) but never RL.
     model: the served model name.
@@ -67,6 +71,7 @@ class ModelCall:
   tools: list[dict] | None = None
   response: dict | None = None
   finish_reason: str | None = None
+  delivered: bool = True
   text_only: bool = False
   model: str | None = None
   policy_version: int | None = None

@@ -34,9 +34,10 @@ class TrainingSequence:
     input_ids: [n] int32 token ids.
     loss_weights: [n] float32; 1 on sampled (assistant) tokens, 0 elsewhere; [0] == 0.
     old_logprobs: [n] float32 sampling log-prob of input_ids[t]; 0 where unknown.
-    action_ids: [n] int32 index of the model call (assistant turn) that sampled the token,
-      counted over the whole session; -1 for prompt/observation tokens. Credit-assignment SFT
-      and per-turn rewards weight actions through it (`with_action_weights`).
+    action_ids: [n] int32 index of the assistant turn that sampled the token, counted over
+      the session's delivered calls (the turns the harness saw: 0, 1, 2, ... as its steps);
+      -1 for prompt/observation tokens. Credit-assignment SFT and per-turn rewards weight
+      actions through it (`with_action_weights`).
     advantages: [n] float32 (zeros until a recipe sets them, `with_advantage`).
     teacher_logprobs, teacher_mask: [n] float32 or None (on-policy distillation).
     ref_logprobs: [n] float32 or None (KL to a reference policy).
@@ -110,7 +111,9 @@ def sequences_from_model_calls(calls: Iterable[ModelCall], *, mode: Literal["rl"
                                tokenizer: Any = None) -> list[TrainingSequence]:
   """Turn recorded model calls into training sequences, one session at a time.
 
-  Calls are grouped by session and taken in call_index order. Within a session, a call whose
+  Calls are grouped by session and taken in call_index order; calls the caller never got
+  (`ModelCall.delivered` False) are left out, as they never happened for the harness. Within a
+  session, a call whose
   prompt_ids start with the ids recorded so far extends the current sequence (its prompt
   suffix as context, its output_ids as sampled tokens); any other call starts a new sequence.
   Sampled ids are used exactly as recorded, never decoded and re-encoded.
@@ -132,7 +135,8 @@ def sequences_from_model_calls(calls: Iterable[ModelCall], *, mode: Literal["rl"
     raise DataError(f"mode must be 'rl' or 'sft', got {mode!r}")
   sessions: dict[str, list[ModelCall]] = {}
   for call in calls:
-    sessions.setdefault(call.session_id, []).append(call)
+    if call.delivered:
+      sessions.setdefault(call.session_id, []).append(call)
   result = []
   for session_id in sorted(sessions):
     ordered = sorted(sessions[session_id], key=lambda c: c.call_index)
@@ -249,7 +253,7 @@ def _tokenise_text_only(call: ModelCall, tokenizer: Any):
 
 def _join(session_id: str, calls: Sequence[ModelCall], pieces) -> list[TrainingSequence]:
   sequences, current = [], None
-  for call, (prompt, output, logprobs, known) in zip(calls, pieces):
+  for turn, (call, (prompt, output, logprobs, known)) in enumerate(zip(calls, pieces)):
     if not prompt:
       raise DataError(
         f"session {session_id!r} call {call.call_index} has an empty prompt; a sampled token "
@@ -268,7 +272,7 @@ def _join(session_id: str, calls: Sequence[ModelCall], pieces) -> list[TrainingS
     current["weights"] += [np.zeros(len(context), np.float32), np.ones(n_out, np.float32)]
     current["logprobs"] += [np.zeros(len(context), np.float32), np.asarray(logprobs, np.float32)]
     current["actions"] += [np.full(len(context), -1, np.int32),
-                           np.full(n_out, call.call_index, np.int32)]
+                           np.full(n_out, turn, np.int32)]
     current["calls"].append(call.call_index)
     current["known"] &= known or n_out == 0
   if current is not None:

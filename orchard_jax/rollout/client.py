@@ -472,6 +472,11 @@ class AsyncSGLangClient(_ClientBase):
       except (aiohttp.ClientError, asyncio.TimeoutError) as e:
         raise UpstreamError(f"{target}{path} failed: {type(e).__name__}: {e}",
                             url=target) from e
+      except asyncio.CancelledError:
+        # The caller gave up (its own client disconnected): closing the request aborts it on
+        # the server, which is not at fault.
+        ok = True
+        raise
       except UpstreamError as e:
         ok = e.status_code is not None and e.status_code not in _TRANSIENT_STATUS
         raise

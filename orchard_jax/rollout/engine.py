@@ -207,6 +207,12 @@ class Engine:
     return sum(s.num_requests_served for s in self.schedulers)
 
   @property
+  def num_requests_aborted(self) -> int:
+    """Running requests ended early since start because their future was cancelled (the
+    HTTP client that made them disconnected)."""
+    return sum(s.num_requests_aborted for s in self.schedulers)
+
+  @property
   def prefix_cache_stats(self) -> dict[str, int]:
     """Prefix cache totals since start, over all schedulers: requests admitted, hits
     (requests that reused a prefix), prompt_tokens and cached_tokens (of which reused) of
@@ -275,8 +281,16 @@ class Engine:
 
   def _make_sequence(self, request: SingleGenerateRequest,
                      on_update: Optional[Callable]) -> RequestState:
+    """The request as a scheduler's RequestState, every field range-checked against the
+    model (vocabulary) and the engine (context length) first: a value that would fail the
+    batched step (an id beyond the vocabulary, more top log-probs than tokens) fails this
+    request alone, with a RequestError naming the field."""
     if request.input_ids is not None:
-      prompt = np.asarray(request.input_ids, dtype=np.int64)
+      try:
+        prompt = np.asarray(request.input_ids, dtype=np.int64)
+      except (OverflowError, TypeError, ValueError):
+        raise RequestError(f"input_ids must be token ids in [0, {self._vocab or 'vocab'}); one "
+                           "does not fit an int64") from None
     else:
       prompt = np.asarray(self.tokenizer.encode(request.text or ""), dtype=np.int64)
     if prompt.ndim != 1 or prompt.size == 0:
@@ -291,8 +305,20 @@ class Engine:
     params = request.sampling_params
     requested = params.max_new_tokens if params.max_new_tokens is not None else limit
     max_new = min(requested, limit - int(prompt.size))
-    if params.top_k > 0 and self._vocab and params.top_k > self._vocab:
-      raise RequestError(f"top_k={params.top_k} exceeds the vocabulary size {self._vocab}")
+    vocab = self._vocab or np.iinfo(np.int32).max
+    if params.top_k > vocab:
+      raise RequestError(f"sampling_params.top_k={params.top_k} exceeds the vocabulary size "
+                         f"{vocab}")
+    for i, token in enumerate(params.stop_token_ids or ()):
+      if not 0 <= token < vocab:
+        raise RequestError(f"sampling_params.stop_token_ids[{i}]={token} is outside the "
+                           f"vocabulary [0, {vocab})")
+    if request.return_logprob and request.top_logprobs_num > vocab:
+      raise RequestError(f"top_logprobs_num={request.top_logprobs_num} exceeds the vocabulary "
+                         f"size {vocab}")
+    if request.logprob_start_len < -1:
+      raise RequestError(f"logprob_start_len={request.logprob_start_len}; expected -1 (output "
+                         "tokens only) or a prompt position >= 0")
     stops = set(params.stop_token_ids or [])
     if not params.ignore_eos:
       stops |= set(getattr(self.tokenizer, "stop_ids", ()))
@@ -395,6 +421,7 @@ class Engine:
       "has_audio_understanding": False, "model_type": arch,
       "architectures": [arch] if arch else None, "compile_count": self.compile_count,
       "num_requests_served": self.num_requests_served,
+      "num_requests_aborted": self.num_requests_aborted,
       "max_batch_size": self.config.max_batch_size, "max_seq_len": self.config.max_seq_len,
       "data_parallel": self.config.data_parallel,
       "running_requests": sum(s.running_requests for s in self.schedulers),

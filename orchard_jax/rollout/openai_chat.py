@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator, Optional, Sequence
 
-from orchard_jax.data import parse_assistant_text, split_reasoning
+from orchard_jax.data import chat_messages, parse_assistant_text, split_reasoning
+from orchard_jax.rollout.chat_checks import check_chat
 from orchard_jax.rollout.errors import RequestError
 from orchard_jax.rollout.openai_protocol import (
   ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatMessageOut, ChoiceLogprobs,
@@ -43,31 +44,24 @@ def sampling_params_of(request: _Request, max_new_tokens: Optional[int]) -> Samp
     raise RequestError(f"invalid sampling settings: {e}") from e
 
 
-def check_text_chat(request: ChatCompletionRequest) -> None:
-  """Refuses what a text-only chat template would silently drop: content parts that are not
-  text (images, audio) and tools that are not OpenAI function schemas.
-
-  Used where this project renders the prompt itself (the engine's server, the proxy in front
-  of SGLang); a hosted upstream behind the proxy validates its own requests.
+def check_chat_request(request: ChatCompletionRequest) -> None:
+  """`chat_checks.check_chat` on a chat-completions request's messages, tools, tool_choice and
+  template variables. Used where this project renders the prompt itself (the engine's server,
+  the proxy in front of a token-level upstream); a hosted upstream behind the proxy validates
+  its own requests.
 
   Raises:
-    RequestError: names the message/part or tool and what was expected.
+    RequestError: names the field by its path and what was expected.
   """
-  for i, message in enumerate(request.messages):
-    content = message.get("content")
-    if isinstance(content, list):
-      for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-        if not (isinstance(part, str) or kind == "text"):
-          raise RequestError(f"messages[{i}].content[{j}] has type {kind!r}; this model reads "
-                             "text only (parts of type 'text')")
-  for i, tool in enumerate(request.tools or ()):
-    function = tool.get("function") if isinstance(tool, dict) else None
-    if not (isinstance(tool, dict) and tool.get("type", "function") == "function"
-            and isinstance(function, dict) and isinstance(function.get("name"), str)
-            and function["name"]):
-      raise RequestError(f"tools[{i}] is {tool!r}; expected an OpenAI function tool "
-                         "{'type': 'function', 'function': {'name': ..., 'parameters': {...}}}")
+  check_chat(request.messages, request.tools, request.tool_choice,
+             request.chat_template_kwargs)
+
+
+def template_messages(messages: Sequence[dict]) -> list[dict]:
+  """The messages the chat template renders: developer -> system, roles and keys the template
+  does not read (a harness's own, such as "extra") dropped (`data.chat_messages`)."""
+  renamed = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+  return chat_messages(renamed)
 
 
 def assistant_message(text: str, tools: Optional[Sequence[dict]], *, parser: str,

@@ -19,7 +19,7 @@ _ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 class _Request(BaseModel):
-  model_config = ConfigDict(extra="allow")
+  model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
   model: str = "default"
   temperature: Optional[float] = Field(None, ge=0.0)

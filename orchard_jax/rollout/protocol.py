@@ -101,7 +101,7 @@ class SamplingParams(BaseModel):
     sampling_seed: seed of this request's random stream; same seed, prompt and weights give
       the same tokens whatever else shares the batch. None draws a fresh seed.
   """
-  model_config = ConfigDict(extra="forbid")
+  model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
   max_new_tokens: Optional[int] = Field(128, ge=0)
   stop: Optional[Union[str, list[str]]] = None
@@ -135,6 +135,14 @@ class SamplingParams(BaseModel):
       raise ValueError(f"top_k must be -1 (all tokens) or at least 1, got {value}")
     return value
 
+  @pydantic.field_validator("stop")
+  @classmethod
+  def _check_stop(cls, value: Any) -> Any:
+    for text in [value] if isinstance(value, str) else value or ():
+      if not text:
+        raise ValueError("a stop string is empty; it would end every output at its first token")
+    return value
+
   @property
   def stop_strings(self) -> list[str]:
     """`stop` as a list (empty when None)."""
@@ -163,7 +171,7 @@ class GenerateRequest(BaseModel):
     return_text_in_logprobs: fill the third element of each log-prob entry with token text.
     stream: answer with server-sent events, one cumulative result per chunk.
   """
-  model_config = ConfigDict(extra="forbid")
+  model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
   text: Optional[Union[str, list[str]]] = None
   input_ids: Optional[Union[list[int], list[list[int]]]] = None

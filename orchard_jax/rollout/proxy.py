@@ -23,6 +23,18 @@ upstream (SGLang or the embedded engine, `SGLangUpstream`) the proxy
    `end_session(session_id)` (and `flush()`) wait
    until every answered call is written; read the store after calling it.
 
+Records are what happened. A session is held from a call's arrival until its answer was sent
+(calls of one session are recorded one at a time, in order). A caller that disconnects while
+its call is generated cancels it: the upstream request is closed (the engine aborts it) and the
+call is recorded `delivered=False` with the output generated so far (a streamed call) or none.
+An answer that could not be written to its caller in full is recorded `delivered=False` with
+its output. Undelivered calls are never trained on and leave the session's history,
+checkpoints and `segment_index` where the last delivered call left them, so the caller's retry
+continues the same segment. A refused call (invalid request, upstream error) is not recorded
+and moves no counter. A sampled turn counts as closed only when it ends with the chat
+template's end-of-turn token (`tokenizer.eos_id`); otherwise the next prompt's new ids start
+with that token, as the template renders every assistant turn.
+
 For a text-level upstream (`OpenAIUpstream`, e.g. a hosted teacher) it forwards the request
 and records the messages and the response, marked `text_only` (SFT re-tokenises those with the
 student's template; RL refuses them).
@@ -52,16 +64,18 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
 
-from orchard_jax.data import ChatTemplateError, ModelCall, chat_messages
+from orchard_jax.data import ChatTemplateError, ModelCall
 from orchard_jax.rollout.background import BackgroundServer
+from orchard_jax.rollout.disconnect import ClientDisconnected, DisconnectWatch
 from orchard_jax.rollout.errors import (
   RequestError, RolloutError, SessionError, UpstreamError, validation_message)
 from orchard_jax.rollout.openai_chat import (
-  assistant_message, chat_completion, check_text_chat, sampling_params_of, token_logprobs)
+  assistant_message, chat_completion, check_chat_request, sampling_params_of,
+  template_messages, token_logprobs)
 from orchard_jax.rollout.openai_protocol import ChatCompletionRequest, ChatCompletionResponse
 from orchard_jax.rollout.protocol import SamplingParams
 from orchard_jax.rollout.recorder import RecordWriter
-from orchard_jax.rollout.server import error_response
+from orchard_jax.rollout.server import JSONErrors, error_response
 from orchard_jax.rollout.upstream import OpenAIUpstream, SGLangUpstream
 from orchard_jax.rollout.wires.registry import CHAT, MESSAGES, WIRES, Wire
 from orchard_jax.rollout.wires.turn_stream import THINK_CLOSE, THINK_OPEN, TurnSplitter
@@ -91,6 +105,9 @@ class _Checkpoint:
 
 @dataclasses.dataclass
 class _Session:
+  """A harness session's state. `call_index` counts every recorded call; `segment_index`,
+  `checkpoints` and `latest` move only with delivered calls (an undelivered one never
+  happened for the harness, whose retry continues from the last delivered call)."""
   id: str
   lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
   call_index: int = 0
@@ -101,6 +118,34 @@ class _Session:
   unprepared: Optional[tuple] = None   # PromptBuilder.prepare's arguments, after the answer
   prompt_tokens: int = 0
   completion_tokens: int = 0
+
+
+class _Answer:
+  """A call's response, ready to be sent, and what to do once it was (or was not).
+
+  Non-streamed: `settle(delivered)` commits the call to its session (checkpoints, segment and
+  call counters) and submits its record, marked undelivered when the caller never got it, then
+  releases the session for its next call; it runs once, and the proxy always settles an answer
+  it made. Streamed (`streamed` True): the response generates, sends and commits the call
+  itself as its events go out, and releases the session when it is over.
+  """
+
+  def __init__(self, response: Response, commit: Optional[Callable[[bool], None]] = None,
+               release: Optional[Callable[[], None]] = None, *, streamed: bool = False):
+    self.response = response
+    self.streamed = streamed
+    self._commit = commit
+    self._release = release
+    self._settled = streamed
+
+  def settle(self, delivered: bool) -> None:
+    if self._settled:
+      return
+    self._settled = True
+    try:
+      self._commit(delivered)
+    finally:
+      self._release()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,12 +214,6 @@ def _text(content: Any) -> str:
   if isinstance(content, list):
     return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
   return str(content)
-
-
-def _clean_messages(messages: Sequence[dict]) -> list[dict]:
-  """Messages the chat template renders (developer -> system; harness-only keys dropped)."""
-  renamed = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
-  return chat_messages(renamed)
 
 
 class PromptBuilder:
@@ -361,9 +400,13 @@ class RecordingProxy:
     if self.writer is not None:
       self.writer.flush(session_id, timeout_s=timeout_s)
 
-  def _record(self, session_id: str, build: Any) -> None:
+  def _reserve(self, session_id: str) -> None:
     if self.writer is not None:
-      self.writer.submit(session_id, build, wake=False)   # woken once the answer is sent
+      self.writer.reserve(session_id)
+
+  def _record(self, session_id: str, build: Any, *, reserved: bool = False) -> None:
+    if self.writer is not None:   # woken once the answer is sent (`_after_answer`)
+      self.writer.submit(session_id, build, wake=False, reserved=reserved)
 
   def _wake_writer(self) -> None:
     if self.writer is not None:
@@ -397,6 +440,7 @@ class RecordingProxy:
       await self.upstream.aclose()
 
     app = fastapi.FastAPI(title="orchard_jax recording proxy", lifespan=lifespan)
+    app.add_middleware(JSONErrors)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: fastapi.Request, exc: RequestValidationError):
@@ -436,96 +480,126 @@ class RecordingProxy:
 
   def _declare_wire_route(self, app: fastapi.FastAPI, suffix: str, wire: Wire) -> None:
     async def handler(session_id: str, raw: fastapi.Request):
-      return await self._serve(wire, session_id, await raw.body())
+      # Reached only by callers of `app` itself: the server answers model calls through
+      # `_WireFastPath`, which also sees whether an answer was delivered. Here it is assumed.
+      answer = await self._serve(wire, session_id, await raw.body())
+      answer.settle(True)
+      return answer.response
 
     app.post(_PREFIX + "{session_id}/v1/" + suffix, response_model=None, name=wire.name)(handler)
 
-  async def _serve(self, wire: Wire, session_id: str, raw_body: bytes) -> Response:
-    """One model call of a session on `wire`: the HTTP response to send.
+  async def _serve(self, wire: Wire, session_id: str, raw_body: bytes) -> _Answer:
+    """One model call of a session on `wire`: the answer to send, then to settle.
 
     The body is validated by pydantic-core straight from JSON bytes and the answer serialised
     by it (a declared FastAPI body parameter and a JSONResponse cost about twice the CPU).
-    A streamed call holds the session's lock until its last event is sent (the next call of
-    the session extends this one's record).
+    The session is held from here until the answer was settled (a streamed call: until its
+    last event was sent), so its calls are recorded and committed one at a time, in order.
 
     Raises:
       RolloutError: RequestError for an invalid body, UpstreamError, SessionError.
     """
     request, wire_request = wire.parse(raw_body)
     if not self.upstream.text_only:  # we render the prompt; a hosted API checks its own
-      check_text_chat(request)
+      check_chat_request(request)
     session = self.sessions.get(session_id)
     if session is None:
       session = self.sessions.setdefault(session_id, _Session(session_id))
-    after = BackgroundTask(self._after_answer, session)
-    if self.upstream.text_only:
-      async with session.lock:
-        data, build = await self._text_only_call(session, request)
-        self._record(session.id, build)
-      if wire is CHAT and not request.stream:
-        return Response(orjson.dumps(data), media_type="application/json", background=after)
-      chat = ChatCompletionResponse.model_validate(data)
-      if not request.stream:
-        return Response(wire.body(wire_request, chat, self.served_model_name),
-                        media_type="application/json", background=after)
-      stream = wire.stream(wire_request, self.served_model_name)
-      message = chat.choices[0].message
-      events = (stream.open(chat.usage.prompt_tokens)
-                + stream.delta(message.reasoning_content or "", message.content or "")
-                + stream.close(chat))
-      return Response(events, media_type="text/event-stream", background=after)
-    if not request.stream:
-      async with session.lock:
-        response, build = await self._token_call(session, request, wire.name)
-        # Built and appended by the writer thread, in call order, after the answer has gone
-        # out (`_after_answer`); flush/end_session wait for it.
-        self._record(session.id, build)
-      return Response(wire.body(wire_request, response, self.served_model_name),
-                      media_type="application/json", background=after)
     await session.lock.acquire()
     try:
-      call = self._plan_call(session, request, wire.name)
+      if not self.upstream.text_only and request.stream:
+        call = self._plan_call(session, request, wire.name)
+        events = self._stream_call(session, request, call, wire.stream(wire_request,
+                                                                        self.served_model_name))
+        return _Answer(_LockedStream(events, session.lock, media_type="text/event-stream",
+                                     background=BackgroundTask(self._after_stream, session)),
+                       streamed=True)
+      if self.upstream.text_only:
+        data, commit = await self._text_only_call(session, request)
+        response = self._text_only_response(wire, wire_request, request, data)
+      else:
+        chat, commit = await self._token_call(session, request, wire.name)
+        response = Response(wire.body(wire_request, chat, self.served_model_name),
+                            media_type="application/json")
+      self._reserve(session.id)   # flush() waits for the record from here on
     except BaseException:
       session.lock.release()
       raise
-    events = self._stream_call(session, request, call, wire.stream(wire_request,
-                                                                    self.served_model_name))
-    return _LockedStream(events, session.lock, media_type="text/event-stream",
-                         background=after)
+
+    def release() -> None:
+      session.lock.release()
+      self._after_answer(session)
+
+    return _Answer(response, commit, release)
+
+  def _text_only_response(self, wire: Wire, wire_request: Any, request: ChatCompletionRequest,
+                          data: dict) -> Response:
+    """A text-level upstream's chat completion in the wire's shape (streamed as one body)."""
+    if wire is CHAT and not request.stream:
+      return Response(orjson.dumps(data), media_type="application/json")
+    chat = ChatCompletionResponse.model_validate(data)
+    if not request.stream:
+      return Response(wire.body(wire_request, chat, self.served_model_name),
+                      media_type="application/json")
+    stream = wire.stream(wire_request, self.served_model_name)
+    message = chat.choices[0].message
+    events = (stream.open(chat.usage.prompt_tokens)
+              + stream.delta(message.reasoning_content or "", message.content or "")
+              + stream.close(chat))
+    return Response(events, media_type="text/event-stream")
 
   async def _stream_call(self, session: _Session, request: ChatCompletionRequest, call: "_Call",
                          stream: Any) -> AsyncIterator[str]:
     """The events of one streamed call: the wire's opening events, reasoning and content
-    deltas after each engine step, then the parsed turn's closing events. The call is
-    recorded (and the session's history moves on) only when the turn finished; a stream cut
-    by the client or the upstream records nothing."""
+    deltas after each engine step, then the parsed turn's closing events.
+
+    The call is committed (the session's history moves on) and recorded once its closing
+    events were handed to the server, i.e. when the response asks for more after them. A
+    caller that goes away before (the response cancels this generator or closes it) aborts
+    the upstream stream, and the call is recorded undelivered with the output generated so
+    far. A stream the upstream failed records nothing."""
     yield stream.open(len(call.plan.ids))
     splitter = TurnSplitter(reasoning_open=self._opens_reasoning(call.plan.ids))
-    out = None
+    out, commit = None, None
     try:
-      async with contextlib.aclosing(self.upstream.generate_stream(
-          call.plan.ids, call.params, session_id=session.id,
-          top_logprobs_num=request.top_logprobs or 0)) as partials:
-        async for out in partials:
-          if out.meta_info.finish_reason is None:
-            text = stream.delta(*splitter.feed(out.text))
-            if text:
-              yield text
-      if out is None:
-        raise UpstreamError("the upstream stream ended without a result")
-      last = stream.delta(*splitter.finish(out.text))
-      response, build = self._finish_call(session, request, call, out, time.perf_counter())
-    except RolloutError as e:
-      _log.warning("streamed call of session %s failed: %s", session.id, e)
-      yield stream.fail(str(e), _rollout_status(e))
-      return
-    self._record(session.id, build)
-    message = response.choices[0].message
-    if request.separate_reasoning is False:
-      remainder = ("", "")
-    else:
-      remainder = splitter.remainder(message.reasoning_content, message.content)
-    yield last + stream.close(response, remainder)
+      try:
+        async with contextlib.aclosing(self.upstream.generate_stream(
+            call.plan.ids, call.params, session_id=session.id,
+            top_logprobs_num=request.top_logprobs or 0)) as partials:
+          async for out in partials:
+            if out.meta_info.finish_reason is None:
+              text = stream.delta(*splitter.feed(out.text))
+              if text:
+                yield text
+        if out is None:
+          raise UpstreamError("the upstream stream ended without a result")
+        last = stream.delta(*splitter.finish(out.text))
+        response, commit = self._finish_call(session, request, call, out, time.perf_counter())
+      except RolloutError as e:
+        _log.warning("streamed call of session %s failed: %s", session.id, e)
+        yield stream.fail(str(e), _rollout_status(e))
+        return
+      message = response.choices[0].message
+      if request.separate_reasoning is False:
+        remainder = ("", "")
+      else:
+        remainder = splitter.remainder(message.reasoning_content, message.content)
+      self._reserve(session.id)   # flush() waits for the record from here on
+      yield last + stream.close(response, remainder)
+      done, commit = commit, None
+      done(True)
+    except (GeneratorExit, asyncio.CancelledError):
+      if commit is not None:        # the turn was done but its closing events never went out
+        done, commit = commit, None
+        done(False)
+      else:
+        self._record_abandoned(session, call, out)
+      raise
+
+  async def _after_stream(self, session: _Session) -> None:
+    """`_after_answer` as a streamed response's background task (a coroutine: Starlette runs
+    a plain function given as a background task in its thread pool)."""
+    self._after_answer(session)
 
   def _opens_reasoning(self, prompt_ids: list[int]) -> bool:
     """Whether the prompt's generation prompt leaves a think block open."""
@@ -538,19 +612,18 @@ class RecordingProxy:
     request, _ = MESSAGES.parse(raw_body)
     if self.tokenizer is None:
       raise RequestError("count_tokens needs the policy's tokenizer (a token-level upstream)")
-    check_text_chat(request)
+    check_chat_request(request)
     try:
-      ids = self.tokenizer.render_chat(_clean_messages(request.messages),
+      ids = self.tokenizer.render_chat(template_messages(request.messages),
                                        request.offered_tools(), add_generation_prompt=True,
                                        **dict(request.chat_template_kwargs or {}))
     except ChatTemplateError as e:
       raise RequestError(f"the chat template cannot render these messages: {e}") from None
     return Response(orjson.dumps({"input_tokens": len(ids)}), media_type="application/json")
 
-  async def _after_answer(self, session: _Session) -> None:
+  def _after_answer(self, session: _Session) -> None:
     """Work left for after the answer was sent: wake the record writer, and render the
-    returned turn for the session's next call (`PromptBuilder.prepare`). A coroutine, since
-    Starlette runs a plain function given as a background task in its thread pool."""
+    returned turn for the session's next call (`PromptBuilder.prepare`)."""
     self._wake_writer()
     todo, session.unprepared = session.unprepared, None
     if todo is not None and self.builder is not None:
@@ -578,7 +651,7 @@ class RecordingProxy:
       RequestError: invalid sampling settings, or messages the chat template cannot render.
     """
     started_at, t0 = time.time(), time.perf_counter()
-    messages = _clean_messages(request.messages)
+    messages = template_messages(request.messages)
     tools = request.offered_tools()
     kwargs = dict(request.chat_template_kwargs or {})
     params = self._sampling(request)
@@ -590,96 +663,167 @@ class RecordingProxy:
 
   async def _token_call(self, session: _Session, request: ChatCompletionRequest,
                         wire: str = "chat_completions"
-                        ) -> tuple[ChatCompletionResponse, Callable[[], ModelCall]]:
-    """One chat completion through a token-level upstream: the response, and a function that
-    builds the call's record (run later by the writer thread)."""
+                        ) -> tuple[ChatCompletionResponse, Callable[[bool], None]]:
+    """One chat completion through a token-level upstream: the response, and the function
+    that commits the call to the session and records it once delivery is known
+    (`_finish_call`). A caller that goes away meanwhile cancels this, and the call is recorded
+    undelivered (`_record_abandoned`)."""
     call = self._plan_call(session, request, wire)
-    out = await self.upstream.generate(call.plan.ids, call.params, session_id=session.id,
-                                       top_logprobs_num=request.top_logprobs or 0)
+    try:
+      out = await self.upstream.generate(call.plan.ids, call.params, session_id=session.id,
+                                         top_logprobs_num=request.top_logprobs or 0)
+    except asyncio.CancelledError:   # the caller went away: the upstream request was closed
+      self._record_abandoned(session, call)
+      raise
     return self._finish_call(session, request, call, out, time.perf_counter())
 
+  def _segment_of(self, session: _Session, plan: PromptPlan) -> int:
+    """The call's segment: the session's, plus one when the prompt does not extend the last
+    delivered call's ids (the counter itself moves when the call is committed delivered)."""
+    return session.segment_index + (session.latest is not None and not plan.continues_segment)
+
   def _finish_call(self, session: _Session, request: ChatCompletionRequest, call: "_Call",
-                   out: Any, t2: float) -> tuple[ChatCompletionResponse, Callable[[], ModelCall]]:
-    """Parse the generated turn, update the session's history checkpoints and counters, and
-    return the chat completion and the function that builds the call's record."""
+                   out: Any, t2: float
+                   ) -> tuple[ChatCompletionResponse, Callable[[bool], None]]:
+    """Parse the generated turn: the chat completion, and `commit(delivered)`, which moves the
+    session (history checkpoints, segment and call counters; only the call counter when the
+    answer was not delivered) and submits the call's record (taking a writer reservation).
+
+    Raises:
+      UpstreamError: the upstream sent no log-probs of the sampled tokens.
+    """
     plan, params, messages, tools, kwargs = (call.plan, call.params, call.messages, call.tools,
                                              call.kwargs)
+    try:
+      output_logprobs = out.output_logprobs
+    except ValueError as e:
+      raise UpstreamError(str(e), url=self.upstream.description) from None
     message, parsed = assistant_message(out.text, tools, parser=self.tool_call_parser,
                                         separate_reasoning=request.separate_reasoning)
     finish = out.meta_info.finish_reason
     logprobs = None
     if request.logprobs or request.top_logprobs:
-      logprobs = token_logprobs(self.tokenizer, out.output_ids, out.output_logprobs,
+      logprobs = token_logprobs(self.tokenizer, out.output_ids, output_logprobs,
                                 out.meta_info.output_top_logprobs, request.top_logprobs or 0)
     response = chat_completion(
       request, message=message, finish_type=finish.type if finish else None,
       matched=finish.matched if finish else None, prompt_tokens=len(plan.ids),
       completion_tokens=len(out.output_ids), logprobs=logprobs, model=self.served_model_name)
     returned = message.model_dump(exclude_none=True)
-    closed = finish is not None and finish.type == "stop" and isinstance(finish.matched, int)
-    if session.call_index > 0 and not plan.continues_segment:
-      session.segment_index += 1
-    # Checkpoints share the prompt's id list (never mutated: a later prompt is a new list).
-    request_cp = _Checkpoint(plan.key, plan.ids, False, False, session.call_index)
-    answer_cp = _Checkpoint(plan.key + (message_key(returned),), plan.ids + out.output_ids,
-                            True, closed, session.call_index)
-    session.context_key = _context_key(tools, kwargs)
-    session.checkpoints = (session.checkpoints + [request_cp, answer_cp])[-2 * _CHECKPOINTS_KEPT:]
-    session.latest = answer_cp
-    system = [messages[0]] if messages[0].get("role") == "system" else []
-    session.unprepared = (answer_cp, system + _clean_messages([returned]), tools, kwargs)
-    call_index, segment_index = session.call_index, session.segment_index
-    session.call_index += 1
-    session.prompt_tokens += len(plan.ids)
-    session.completion_tokens += len(out.output_ids)
-    output_logprobs = out.output_logprobs          # raises here when the upstream sent none
+    # The turn is closed only by the chat template's end-of-turn token; a turn cut by a stop
+    # string, another stop id or the length limit gets it from the next prompt's continuation
+    # (`PromptBuilder._new_text`), as the template renders every assistant turn.
+    closed = bool(out.output_ids) and out.output_ids[-1] == self.tokenizer.eos_id
+    segment_index = self._segment_of(session, plan)
     t3, finished_at = time.perf_counter(), time.time()
-    t0, t1, started_at = call.t0, call.t1, call.started_at
-    wire = call.wire
+    timing = {"prompt": call.t1 - call.t0, "upstream": t2 - call.t1, "response": t3 - t2,
+              "total": t3 - call.t0}
+
+    def commit(delivered: bool) -> None:
+      call_index = session.call_index
+      session.call_index += 1
+      if delivered:
+        # Checkpoints share the prompt's id list (never mutated: a later prompt is a new list).
+        request_cp = _Checkpoint(plan.key, plan.ids, False, False, call_index)
+        answer_cp = _Checkpoint(plan.key + (message_key(returned),),
+                                plan.ids + out.output_ids, True, closed, call_index)
+        session.segment_index = segment_index
+        session.context_key = _context_key(tools, kwargs)
+        session.checkpoints = (session.checkpoints
+                               + [request_cp, answer_cp])[-2 * _CHECKPOINTS_KEPT:]
+        session.latest = answer_cp
+        system = [messages[0]] if messages[0].get("role") == "system" else []
+        session.unprepared = (answer_cp, system + template_messages([returned]), tools, kwargs)
+        session.prompt_tokens += len(plan.ids)
+        session.completion_tokens += len(out.output_ids)
+
+      def record() -> ModelCall:
+        metadata = {"timing_s": timing, "reused_prompt_ids": plan.reused,
+                    "upstream": self.upstream.description, "rid": out.meta_info.id,
+                    "wire": call.wire, "stream": bool(request.stream),
+                    "tool_call_errors": [dataclasses.asdict(e) for e in parsed.errors]
+                    if parsed is not None else []}
+        if not delivered:
+          metadata["undelivered"] = ("the caller disconnected before the whole answer was "
+                                     "sent; the session continued from its last delivered call")
+        return ModelCall(
+          session_id=session.id, call_index=call_index, prompt_ids=plan.ids,
+          output_ids=out.output_ids, output_logprobs=output_logprobs,
+          segment_index=segment_index, messages=messages, tools=tools,
+          response=returned, finish_reason=response.choices[0].finish_reason,
+          delivered=delivered, text_only=False, model=self.served_model_name,
+          policy_version=_version(out.meta_info.weight_version),
+          sampling_params=params.model_dump(exclude_defaults=True),
+          started_at=call.started_at, finished_at=finished_at, metadata=metadata)
+
+      self._record(session.id, record, reserved=True)
+
+    return response, commit
+
+  def _record_abandoned(self, session: _Session, call: "_Call", partial: Any = None) -> None:
+    """Record a call whose caller went away while it was generated (its upstream request was
+    closed, which aborts it in the engine): undelivered, finish reason abort, with the output
+    a stream had produced so far (none otherwise); the session does not move but for its
+    call counter."""
+    call_index = session.call_index
+    session.call_index += 1
+    finished_at = time.time()
+    output_ids, output_logprobs = [], []
+    if partial is not None:
+      try:
+        output_logprobs = partial.output_logprobs
+        output_ids = list(partial.output_ids)[:len(output_logprobs)]
+        output_logprobs = output_logprobs[:len(output_ids)]
+      except ValueError:
+        output_ids, output_logprobs = [], []
 
     def record() -> ModelCall:
       return ModelCall(
-        session_id=session.id, call_index=call_index, prompt_ids=plan.ids,
-        output_ids=out.output_ids, output_logprobs=output_logprobs,
-        segment_index=segment_index, messages=messages, tools=tools,
-        response=returned, finish_reason=response.choices[0].finish_reason, text_only=False,
-        model=self.served_model_name, policy_version=_version(out.meta_info.weight_version),
-        sampling_params=params.model_dump(exclude_defaults=True),
-        started_at=started_at, finished_at=finished_at,
-        metadata={"timing_s": {"prompt": t1 - t0, "upstream": t2 - t1, "response": t3 - t2,
-                               "total": t3 - t0},
-                  "reused_prompt_ids": plan.reused, "upstream": self.upstream.description,
-                  "rid": out.meta_info.id, "wire": wire, "stream": bool(request.stream),
-                  "tool_call_errors": [dataclasses.asdict(e) for e in parsed.errors]
-                  if parsed is not None else []})
+        session_id=session.id, call_index=call_index, prompt_ids=call.plan.ids,
+        output_ids=output_ids, output_logprobs=output_logprobs,
+        segment_index=self._segment_of(session, call.plan), messages=call.messages,
+        tools=call.tools, response=None, finish_reason="abort", delivered=False,
+        text_only=False, model=self.served_model_name,
+        sampling_params=call.params.model_dump(exclude_defaults=True),
+        started_at=call.started_at, finished_at=finished_at,
+        metadata={"upstream": self.upstream.description, "reused_prompt_ids": call.plan.reused,
+                  "wire": call.wire, "undelivered": "the caller disconnected while the call "
+                                                   "was generated; the upstream request was "
+                                                   "aborted"})
 
-    return response, record
+    self._record(session.id, record)
+    self._wake_writer()
 
   async def _text_only_call(self, session: _Session, request: ChatCompletionRequest
-                            ) -> tuple[dict[str, Any], Callable[[], ModelCall]]:
-    """One chat completion through a text-level upstream: the response body, and a function
-    that builds the call's text-only record."""
+                            ) -> tuple[dict[str, Any], Callable[[bool], None]]:
+    """One chat completion through a text-level upstream: the response body, and the function
+    that records the call (text-only) once delivery is known."""
     started_at, t0 = time.time(), time.perf_counter()
     body = request.model_dump(exclude_unset=True)
     body.pop("stream", None)
     data = await self.upstream.chat(body)
     choice = data["choices"][0]
-    call_index, total, finished_at = session.call_index, time.perf_counter() - t0, time.time()
-    session.call_index += 1
+    total, finished_at = time.perf_counter() - t0, time.time()
 
-    def record() -> ModelCall:
-      return ModelCall(
-        session_id=session.id, call_index=call_index,
-        messages=_clean_messages(request.messages), tools=request.offered_tools(),
-        response=choice.get("message"), finish_reason=choice.get("finish_reason"),
-        text_only=True, model=data.get("model") or self.upstream.model,
-        sampling_params={k: v for k, v in body.items()
-                         if k not in ("messages", "tools", "model", "tool_choice")},
-        started_at=started_at, finished_at=finished_at,
-        metadata={"timing_s": {"total": total},
-                  "upstream": self.upstream.description, "usage": data.get("usage")})
+    def commit(delivered: bool) -> None:
+      call_index = session.call_index
+      session.call_index += 1
 
-    return data, record
+      def record() -> ModelCall:
+        return ModelCall(
+          session_id=session.id, call_index=call_index,
+          messages=template_messages(request.messages), tools=request.offered_tools(),
+          response=choice.get("message"), finish_reason=choice.get("finish_reason"),
+          delivered=delivered, text_only=True, model=data.get("model") or self.upstream.model,
+          sampling_params={k: v for k, v in body.items()
+                           if k not in ("messages", "tools", "model", "tool_choice")},
+          started_at=started_at, finished_at=finished_at,
+          metadata={"timing_s": {"total": total},
+                    "upstream": self.upstream.description, "usage": data.get("usage")})
+
+      self._record(session.id, record, reserved=True)
+
+    return data, commit
 
 
 _PREFIX = "/sessions/"
@@ -736,15 +880,29 @@ class _WireFastPath:
       return await self.app(scope, receive, send)
     session_id, wire = found
     try:
-      response = await self.proxy._serve(wire, session_id, await Request(scope, receive).body())
-    except RolloutError as e:
-      response = wire.error(_rollout_message(e), _rollout_status(e))
+      body = await Request(scope, receive).body()
     except ClientDisconnect:
       return
-    except Exception as e:  # noqa: BLE001 - answer like FastAPI would, with the reason
-      _log.exception("%s call of session %s failed", wire.name, session_id)
-      response = wire.error(f"internal error: {type(e).__name__}: {e}", 500)
-    await response(scope, receive, send)
+    async with DisconnectWatch(receive) as watch:
+      try:
+        # A caller that goes away cancels its call (and the upstream request with it).
+        answer = await watch.run(self.proxy._serve(wire, session_id, body))
+      except ClientDisconnected:
+        return
+      except RolloutError as e:
+        return await wire.error(_rollout_message(e), _rollout_status(e))(scope, receive, send)
+      except Exception as e:  # noqa: BLE001 - answer like FastAPI would, with the reason
+        _log.exception("%s call of session %s failed", wire.name, session_id)
+        response = wire.error(f"internal error: {type(e).__name__}: {e}", 500)
+        return await response(scope, receive, send)
+      if answer.streamed:
+        watch.close()   # the streamed response watches for the caller itself
+        return await answer.response(scope, receive, send)
+      delivered = False
+      try:
+        delivered = await watch.deliver(answer.response, scope, receive, send)
+      finally:
+        answer.settle(delivered)
 
 
 def _rollout_status(exc: RolloutError) -> int:

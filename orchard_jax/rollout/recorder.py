@@ -57,24 +57,46 @@ class RecordWriter:
     self._thread = threading.Thread(target=self._run, name=name, daemon=True)
     self._thread.start()
 
-  def submit(self, session_id: str, build: Callable[[], Any], *, wake: bool = True) -> None:
+  def submit(self, session_id: str, build: Callable[[], Any], *, wake: bool = True,
+             reserved: bool = False) -> None:
     """Queue one record: `build()` returns the `data.ModelCall`, called on the writer thread.
 
     `build` must only read data that nobody changes afterwards (the proxy passes the lists
     of the finished call). With wake=False the thread is not woken now (call `wake()` when
     the caller's latency-critical work is done; it wakes within idle_wake_s regardless).
     After `close`, the record is built and appended on the caller's thread instead, so
-    nothing is lost.
+    nothing is lost. `reserved`: the record takes a reservation made by `reserve`.
     """
     with self._work:
       closed = self._closed
       if not closed:
-        self._pending[session_id] += 1
+        if not reserved:
+          self._pending[session_id] += 1
         self._queue.append((session_id, build))  # under the lock: never behind close's marker
         if wake:
           self._work.notify()
     if closed:
-      self._write(session_id, build)
+      try:
+        self._write(session_id, build)
+      finally:
+        if reserved:
+          self.release(session_id)
+
+  def reserve(self, session_id: str) -> None:
+    """Count one record of `session_id` as pending before it can be built: `flush` waits for
+    it until `submit(..., reserved=True)` queues it or `release` gives the reservation up.
+
+    The proxy reserves a call's record before it sends the answer, and submits it once it
+    knows whether the answer was delivered, so a caller who got the answer and then flushes
+    the session always finds its record.
+    """
+    with self._work:
+      self._pending[session_id] += 1
+
+  def release(self, session_id: str) -> None:
+    """Give up a reservation of `reserve` without a record."""
+    with self._done:
+      self._decrement(session_id)
 
   def wake(self) -> None:
     """Let the thread write what was submitted with wake=False."""
@@ -141,10 +163,14 @@ class RecordWriter:
         self._write(session_id, build)
       finally:
         with self._done:
-          self._pending[session_id] -= 1
-          if not self._pending[session_id]:
-            del self._pending[session_id]
-          self._done.notify_all()
+          self._decrement(session_id)
+
+  def _decrement(self, session_id: str) -> None:
+    """One pending record of the session done (call with the lock held)."""
+    self._pending[session_id] -= 1
+    if self._pending[session_id] <= 0:
+      del self._pending[session_id]
+    self._done.notify_all()
 
   def _write(self, session_id: str, build: Callable[[], Any]) -> None:
     record = None

@@ -182,7 +182,7 @@ class ModelRunner:
     last_logits = logits[rows, last_col]
     out = {"next_logprobs": next_lp, "last_logits": last_logits}
     if top_k_num:
-      values, top_ids = jax.lax.top_k(logp, top_k_num)
+      values, top_ids = jax.lax.top_k(logp, min(top_k_num, logp.shape[-1]))
       out["top_values"], out["top_ids"] = values, top_ids.astype(jnp.int32)
     return cache, out
 

@@ -131,5 +131,6 @@ def top_logprobs(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
   Returns:
     values [batch, k] float32 log-probs (descending) and ids [batch, k] int32.
   """
+  k = min(k, logits.shape[-1])   # a bucket of the request's count may exceed the vocabulary
   values, ids = jax.lax.top_k(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), k)
   return values, ids.astype(jnp.int32)

@@ -96,6 +96,7 @@ class Scheduler:
     self.name = name
     self.weight_version = weight_version
     self.num_requests_served = 0
+    self.num_requests_aborted = 0
     self._recurrent = recurrent
     self._queue: "queue.Queue[RequestState]" = queue.Queue()
     self._control: "queue.Queue[tuple[Callable[[], Any], concurrent.futures.Future]]" = (
@@ -157,8 +158,7 @@ class Scheduler:
         self._queue.put(seq)
         self._wake.set()
         return
-    if not seq.future.done():
-      seq.future.set_exception(EngineError("the engine stopped before the request finished"))
+    _resolve(seq.future, error=EngineError("the engine stopped before the request finished"))
 
   @property
   def load(self) -> int:
@@ -223,6 +223,7 @@ class Scheduler:
     while not self._stopping.is_set():
       try:
         self._apply_control()
+        self._abort_cancelled()
         admitted = self._admit()
         if admitted:
           self._prefill(admitted)
@@ -246,6 +247,17 @@ class Scheduler:
         future.set_result(fn())
       except Exception as e:  # noqa: BLE001 - handed to the caller
         future.set_exception(e)
+
+  def _abort_cancelled(self) -> None:
+    """End the running requests whose futures were cancelled (their HTTP client went away):
+    finish reason abort, row freed (its tokens stay reusable as a resident row). Queued ones
+    are skipped at admission."""
+    if any(s is not None and s.finish is None and s.future.cancelled() for s in self._slots):
+      for s in self._slots:
+        if s is not None and s.finish is None and s.future.cancelled():
+          s.finish = FinishReason(type="abort", message="the request was cancelled")
+          self.num_requests_aborted += 1
+      self._finish_done()
 
   def _running(self) -> list[RequestState]:
     return [s for s in self._slots if s is not None]
@@ -536,7 +548,7 @@ class Scheduler:
     arrays = self._sampling_arrays()
     top_k_num = _top_bucket(max(s.top_k_num for s in active))
     width = max(len(s.stop_ids) for s in active)
-    stop_ids = np.full((n, bucket(width, (4, 16, 64)) or width), -1, np.int32)
+    stop_ids = np.full((n, _pow4_bucket(width)), -1, np.int32)
     for r, s in enumerate(self._slots):
       if s in active and s.stop_ids:
         stop_ids[r, :len(s.stop_ids)] = sorted(s.stop_ids)
@@ -612,7 +624,7 @@ class Scheduler:
           self._resident[r] = self._retain(s, int(lengths[r]))
         self.num_requests_served += 1
         if not s.future.cancelled():
-          s.future.set_result(self._response(s))
+          _resolve(s.future, self._response(s))
       elif s.on_update is not None:
         try:
           s.on_update(self._response(s))
@@ -659,8 +671,7 @@ class Scheduler:
     """Fail every request in a row or being admitted (taken from the queue, in no row yet)
     and drop the cache with its rows and resident rows."""
     for s in self._running() + self._admitting:
-      if not s.future.done():
-        s.future.set_exception(error)
+      _resolve(s.future, error=error)
     self._admitting = []
     self._slots = []
     self._resident = []
@@ -673,8 +684,21 @@ class Scheduler:
         seq = self._queue.get_nowait()
       except queue.Empty:
         break
-      if not seq.future.done():
-        seq.future.set_exception(error)
+      _resolve(seq.future, error=error)
+
+
+def _resolve(future: concurrent.futures.Future, result: Any = None,
+             error: Optional[BaseException] = None) -> None:
+  """Set a request's result or exception unless it is already done: its client may cancel it
+  from another thread at any moment, and setting a cancelled future raises, which would fail
+  the step (and every other request in it)."""
+  try:
+    if error is not None:
+      future.set_exception(error)
+    else:
+      future.set_result(result)
+  except concurrent.futures.InvalidStateError:
+    pass
 
 
 _KEEP_ALL = np.iinfo(np.int32).max   # truncate_rows: leave the row as it is
@@ -699,10 +723,21 @@ def _mode(sequences: Sequence[RequestState]) -> SamplingMode:
 
 
 def _top_bucket(k: int) -> int:
-  """Static top-logprob count compiled for a request asking for k (0, 1, 5, 20 or k)."""
+  """Static top-logprob count compiled for a request asking for k: 0, 1, 5, 20, then powers
+  of two (at most one program per bucket, whatever k requests ask for; the engine caps k at
+  the vocabulary)."""
   if k <= 0:
     return 0
-  return bucket(k, (1, 5, 20)) or k
+  return bucket(k, (1, 5, 20)) or 1 << (k - 1).bit_length()
+
+
+def _pow4_bucket(width: int) -> int:
+  """Columns of the stop-id array compiled for a batch whose longest stop list has `width`
+  ids: 4, 16, 64, 256, ... (few programs whatever the lists)."""
+  size = 4
+  while size < width:
+    size *= 4
+  return size
 
 
 def _merge_rows(old, new, rows: list[int]):

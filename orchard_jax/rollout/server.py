@@ -16,7 +16,10 @@ OpenAI-compatible:
   POST /v1/completions              text or id prompts
 
 Errors answer {"object": "error", "message", "type", "param", "code"} with HTTP 400 for bad
-requests and 503 when the engine cannot serve.
+requests (the message names the field), 503 when the engine cannot serve, and a JSON 500 for a
+fault of the server itself; the connection stays usable after any of them. A client that
+disconnects before its answer aborts its engine requests (queued ones never run, running ones
+leave their batch at the next step).
 
 Example (in-process, e.g. in a recipe or test):
   with InferenceServer(engine) as server:
@@ -34,12 +37,14 @@ import pydantic
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from orchard_jax.data import ChatTemplateError
 from orchard_jax.rollout.background import BackgroundServer
+from orchard_jax.rollout.disconnect import ClientDisconnected, DisconnectWatch
 from orchard_jax.rollout.engine import Engine
 from orchard_jax.rollout.errors import RequestError, RolloutError, validation_message
 from orchard_jax.rollout.openai_chat import (
-  assistant_message, chat_completion, check_text_chat, sampling_params_of, stream_chat_chunks,
-  token_logprobs)
+  assistant_message, chat_completion, check_chat_request, sampling_params_of,
+  stream_chat_chunks, template_messages, token_logprobs)
 from orchard_jax.rollout.openai_protocol import (
   ChatCompletionRequest, CompletionChoice, CompletionLogprobs, CompletionRequest,
   CompletionResponse, Usage, openai_finish_reason)
@@ -63,6 +68,43 @@ def error_response(message: str, status: int, kind: str = "BadRequestError") -> 
                        "code": status}, status_code=status)
 
 
+class JSONErrors:
+  """ASGI middleware: an exception that escaped the app's own handlers is answered with a JSON
+  500 naming it, instead of Starlette's plain-text one, whose exception the server then sees
+  as a broken application (uvicorn closes the keep-alive connection, so the caller's next
+  request on it fails too). Once a response has started there is nothing to answer with; the
+  exception is logged and the connection left to the server."""
+
+  def __init__(self, app: Any):
+    self.app = app
+
+  async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+      return await self.app(scope, receive, send)
+    started = False
+
+    async def tracking_send(message: dict) -> None:
+      nonlocal started
+      started = started or message["type"] == "http.response.start"
+      await send(message)
+
+    try:
+      await self.app(scope, receive, tracking_send)
+    except Exception as e:  # noqa: BLE001 - answered, not propagated
+      _log.exception("request %s %s failed", scope.get("method"), scope.get("path"))
+      if started:
+        raise
+      await error_response(f"internal error: {type(e).__name__}: {e}", 500,
+                           "InternalServerError")(scope, receive, send)
+
+
+async def until_disconnect(raw: fastapi.Request, awaitable: Any) -> Any:
+  """`awaitable`'s result, or, when the client disconnects first, cancel it (aborting its
+  engine requests) and raise ClientDisconnected (`disconnect.DisconnectWatch`)."""
+  async with DisconnectWatch(raw.receive) as watch:
+    return await watch.run(awaitable)
+
+
 def create_app(engine: Engine, *, served_model_name: str = "orchard",
                tool_call_parser: str = "qwen3") -> fastapi.FastAPI:
   """The FastAPI app serving `engine` (see the module docstring for the endpoints).
@@ -73,6 +115,7 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
     tool_call_parser: data.TOOL_CALL_PARSERS name used by /v1/chat/completions.
   """
   app = fastapi.FastAPI(title="orchard_jax inference engine")
+  app.add_middleware(JSONErrors)
   warned: set[str] = set()
 
   @app.exception_handler(RequestValidationError)
@@ -82,6 +125,14 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
   @app.exception_handler(RequestError)
   async def _bad(request: fastapi.Request, exc: RequestError):
     return error_response(str(exc), 400)
+
+  @app.exception_handler(ChatTemplateError)
+  async def _template(request: fastapi.Request, exc: ChatTemplateError):
+    return error_response(f"messages: the chat template cannot render them: {exc}", 400)
+
+  @app.exception_handler(ClientDisconnected)
+  async def _gone(request: fastapi.Request, exc: ClientDisconnected):
+    return fastapi.Response(status_code=499)   # nobody reads it (nginx's "client closed")
 
   @app.exception_handler(RolloutError)
   async def _engine(request: fastapi.Request, exc: RolloutError):
@@ -128,7 +179,7 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
                             status_code=200)
 
   @app.api_route("/generate", methods=["POST", "PUT"])
-  async def generate(body: dict[str, Any]):
+  async def generate(body: dict[str, Any], raw: fastapi.Request):
     try:
       request = GenerateRequest.model_validate(body)
       singles = request.split()
@@ -140,7 +191,7 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
       if request.is_batch:
         raise RequestError("stream=true takes one prompt; send batched prompts unstreamed")
       return StreamingResponse(_stream(engine, singles[0]), media_type="text/event-stream")
-    results = await asyncio.gather(*[run(s) for s in singles])
+    results = await until_disconnect(raw, asyncio.gather(*[run(s) for s in singles]))
     payload = [r.model_dump(mode="json") for r in results]
     return payload if request.is_batch else payload[0]
 
@@ -171,17 +222,18 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
         _log.info("ignoring request field %r (not part of this server's API)", name)
 
   @app.post("/v1/chat/completions")
-  async def chat(request: ChatCompletionRequest):
+  async def chat(request: ChatCompletionRequest, raw: fastapi.Request):
     note_ignored(request)
-    check_text_chat(request)
+    check_chat_request(request)
     tools = request.offered_tools()
-    prompt = engine.tokenizer.render_chat(request.messages, tools, add_generation_prompt=True,
+    prompt = engine.tokenizer.render_chat(template_messages(request.messages), tools,
+                                          add_generation_prompt=True,
                                           **(request.chat_template_kwargs or {}))
     params = sampling_params_of(request, request.max_new_tokens)
     want_logprobs = request.logprobs or bool(request.top_logprobs)
-    out = await run(SingleGenerateRequest(
+    out = await until_disconnect(raw, run(SingleGenerateRequest(
       input_ids=prompt, sampling_params=params, return_logprob=want_logprobs,
-      top_logprobs_num=request.top_logprobs or 0, rid=request.rid))
+      top_logprobs_num=request.top_logprobs or 0, rid=request.rid)))
     message, _ = assistant_message(out.text, tools, parser=tool_call_parser,
                                    separate_reasoning=request.separate_reasoning)
     logprobs = None
@@ -199,7 +251,7 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
     return response.model_dump(mode="json", exclude_none=True)
 
   @app.post("/v1/completions")
-  async def completions(request: CompletionRequest):
+  async def completions(request: CompletionRequest, raw: fastapi.Request):
     note_ignored(request)
     if request.stream:
       raise RequestError("stream=true is not supported on /v1/completions; use /generate")
@@ -213,7 +265,7 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
       text=p if isinstance(p, str) else None, input_ids=None if isinstance(p, str) else p,
       sampling_params=params, return_logprob=want, top_logprobs_num=request.logprobs or 0)
       for p in prompts]
-    results = await asyncio.gather(*[run(s) for s in singles])
+    results = await until_disconnect(raw, asyncio.gather(*[run(s) for s in singles]))
     choices, prompt_tokens, completion_tokens = [], 0, 0
     for i, (p, out) in enumerate(zip(prompts, results)):
       text = out.text
@@ -257,21 +309,24 @@ async def _stream(engine: Engine, single: SingleGenerateRequest) -> AsyncIterato
     loop.call_soon_threadsafe(updates.put_nowait, partial)
 
   future = asyncio.wrap_future(engine.submit(single, on_update=on_update))
-  while True:
-    getter = asyncio.ensure_future(updates.get())
-    done, _ = await asyncio.wait({getter, future}, return_when=asyncio.FIRST_COMPLETED)
-    if getter in done:
-      yield f"data: {json.dumps(getter.result().model_dump(mode='json'))}\n\n"
-      continue
-    getter.cancel()
-    try:
-      final = future.result()
-    except RolloutError as e:
-      yield f"data: {json.dumps({'error': {'message': str(e)}})}\n\n"
+  try:
+    while True:
+      getter = asyncio.ensure_future(updates.get())
+      done, _ = await asyncio.wait({getter, future}, return_when=asyncio.FIRST_COMPLETED)
+      if getter in done:
+        yield f"data: {json.dumps(getter.result().model_dump(mode='json'))}\n\n"
+        continue
+      getter.cancel()
+      try:
+        final = future.result()
+      except RolloutError as e:
+        yield f"data: {json.dumps({'error': {'message': str(e)}})}\n\n"
+        break
+      yield f"data: {json.dumps(final.model_dump(mode='json'))}\n\n"
       break
-    yield f"data: {json.dumps(final.model_dump(mode='json'))}\n\n"
-    break
-  yield "data: [DONE]\n\n"
+    yield "data: [DONE]\n\n"
+  finally:
+    future.cancel()   # the client went away mid-stream: abort the engine request
 
 
 class InferenceServer:

@@ -101,3 +101,21 @@ def test_a_record_submitted_without_wake_waits_for_wake_or_flush(tmp_path):
     while writer.written < 1 and time.monotonic() < deadline:
       time.sleep(0.01)
     assert writer.written == 1 and writer.pending() == 0
+
+
+def test_reserved_record_is_waited_for_until_submitted_or_released(tmp_path):
+  """The proxy reserves a call's record before sending the answer and submits it once it knows
+  whether the answer was delivered: a flush in between waits for it."""
+  with TrajectoryStore(tmp_path) as store, RecordWriter(store) as writer:
+    writer.reserve("a")
+    writer.reserve("b")
+    assert writer.pending("a") == 1 and writer.pending() == 2
+    with pytest.raises(Exception, match="still unwritten"):
+      writer.flush("a", timeout_s=0.1)
+    threading.Timer(0.2, writer.submit, args=("a", _builder("a", 0)),
+                    kwargs={"reserved": True}).start()
+    writer.flush("a", timeout_s=10)
+    assert [c.call_index for c in store.model_calls("a")] == [0]
+    writer.release("b")                       # nothing to record after all
+    writer.flush(timeout_s=1)
+    assert writer.pending() == 0 and writer.written == 1
