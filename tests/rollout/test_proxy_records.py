@@ -70,6 +70,34 @@ def test_disconnect_aborts_the_engine_request_and_marks_the_call(stack, engine):
   assert engine.num_requests_served >= served_before + 2
 
 
+def test_streamed_call_cut_by_the_caller_is_aborted_and_recorded_with_its_output(stack, engine):
+  proxy, store = stack
+  aborted_before = engine.num_requests_aborted
+  body = json.dumps({"model": "m", "messages": MESSAGES, "max_tokens": 900, "temperature": 0,
+                     "ignore_eos": True, "stream": True}).encode()
+  path = "/sessions/stream-gone/v1/chat/completions"
+  with socket.create_connection(("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]))) as sock:
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    received = b""
+    while received.count(b"data: ") < 3:   # the role chunk and some content deltas
+      received += sock.recv(65536)
+  _wait(lambda: engine.num_requests_aborted > aborted_before, "the engine to abort the stream")
+  # The same call streamed to the end is delivered and continues the same segment.
+  chunks = list(_client(proxy, "stream-gone").chat.completions.create(
+    model="m", messages=MESSAGES, max_tokens=5, temperature=0, stream=True,
+    extra_body={"ignore_eos": True}))
+  assert chunks[-1].choices[0].finish_reason == "length"
+  proxy.end_session("stream-gone")
+  cut, done = store.model_calls("stream-gone")
+  assert (cut.delivered, cut.finish_reason, cut.response) == (False, "abort", None)
+  assert 0 < len(cut.output_ids) < 900 and len(cut.output_logprobs) == len(cut.output_ids)
+  assert (done.delivered, done.call_index, done.segment_index) == (True, 1, 0)
+  assert done.output_ids == cut.output_ids[:5]     # greedy: the same first tokens
+  [sequence] = sequences_from_model_calls([cut, done], mode="rl")
+  assert sequence.call_indices == (1,)
+
+
 def _asgi_call(app, path, body, *, leave_during_send):
   """Drive the proxy's ASGI app in memory; the client leaves while the response is written
   when leave_during_send (the server notices it during a write, as with a full socket)."""
