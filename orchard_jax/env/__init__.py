@@ -25,7 +25,8 @@ from orchard_jax.env.errors import (AuthenticationError, BackendUnavailable, Cap
                                     CommandFailed, EnvError, ExposureNotFound,
                                     FileOperationError, ImageError, ImageNotAllowed,
                                     InvalidRequest, JobNotFound, LimitNotEnforceable, NotFound,
-                                    PatchError, PermissionDenied, SandboxFailed,
+                                    PatchError, PayloadTooLarge, PermissionDenied,
+                                    QuotaExceeded, SandboxFailed,
                                     SandboxFileNotFound, SandboxNotFound, SandboxStateError,
                                     ServiceUnavailable)
 from orchard_jax.env.images import (IMAGE_MANIFEST, ImageSpec, default_cache_dir,

@@ -10,10 +10,9 @@ import logging
 import secrets
 import sys
 
-import uvicorn
-
+from orchard_jax.env.errors import EnvError
 from orchard_jax.env.manager import ServiceConfig
-from orchard_jax.env.orchestrator import Orchestrator, load_api_keys
+from orchard_jax.env.orchestrator import ADMIN_KEYS_ENV, Orchestrator, load_api_keys
 
 
 def _port(text: str) -> int:
@@ -42,8 +41,16 @@ def _check_args(parser, args) -> None:
   """Usage errors for arguments argparse cannot check itself (files, JSON, field names)."""
   import dataclasses
   import os
-  if args.api_keys_file and not os.path.isfile(args.api_keys_file):
-    parser.error(f"--api-keys-file {args.api_keys_file!r} does not exist")
+  for flag, path in (("--api-keys-file", args.api_keys_file),
+                     ("--admin-keys-file", args.admin_keys_file)):
+    if path and not os.path.isfile(path):
+      parser.error(f"{flag} {path!r} does not exist")
+  for root in args.image_root or ():
+    if not os.path.isdir(root):
+      parser.error(f"--image-root {root!r} is not a folder (image directories must lie "
+                   f"under an existing folder)")
+  if args.public_url and not args.public_url.startswith(("http://", "https://")):
+    parser.error(f"--public-url must start with http:// or https://; saw {args.public_url!r}")
   fields = {f.name for f in dataclasses.fields(ServiceConfig)}
   unknown = sorted(set(_json_object(parser, "--config-json", args.config_json)) - fields)
   if unknown:
@@ -65,7 +72,12 @@ def _parser():
   serve.add_argument("--backend", choices=("local", "kubernetes"), default="local")
   serve.add_argument("--host", default="127.0.0.1")
   serve.add_argument("--port", type=_port, default=8080)
-  serve.add_argument("--api-keys-file", default=None)
+  serve.add_argument("--api-keys-file", default=None,
+                     help="tenants' keys, one '[tenant:]key' per line (also "
+                          "$ORCHARD_ENV_API_KEYS, comma-separated)")
+  serve.add_argument("--admin-keys-file", default=None,
+                     help="admin keys (see every tenant's sandboxes), one per line (also "
+                          "$ORCHARD_ENV_ADMIN_KEYS)")
   serve.add_argument("--public-url", default=None, help="base URL used in exposed-port URLs")
   serve.add_argument("--log-level", default="info")
   serve.add_argument("--config-json", default="{}",
@@ -117,25 +129,33 @@ def main(argv=None):
   _check_args(parser, args)
   logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
   keys = load_api_keys(args.api_keys_file)
+  admin_keys = load_api_keys(args.admin_keys_file, ADMIN_KEYS_ENV)
   if not keys:
     keys = [secrets.token_urlsafe(24)]
     print(f"No API key configured; generated one for this run: {keys[0]}", flush=True)
   config = ServiceConfig(**json.loads(args.config_json))
-  service = Orchestrator(_backend(args), api_keys=keys, host=args.host, port=args.port,
-                         config=config, public_url=args.public_url, log_level=args.log_level,
-                         store=_store(args.store))
-  uv_config = uvicorn.Config(service.build(), host=args.host, port=args.port,
-                             log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=5,
-                             ws_ping_interval=None)
-  server = uvicorn.Server(uv_config)
-  print(f"Orchard Env ({args.backend}) on http://{args.host}:{args.port}", flush=True)
   try:
-    server.run()
-  except SystemExit:                 # uvicorn exits (status 3) when the lifespan's start failed
-    if service._startup_error is None:
-      raise
-  if service._startup_error is not None:   # the cause last, after uvicorn's log of it
-    sys.exit(f"Orchard Env did not start: {service._startup_error}")
+    service = Orchestrator(_backend(args), api_keys=keys, admin_keys=admin_keys or None,
+                           host=args.host, port=args.port, config=config,
+                           public_url=args.public_url, log_level=args.log_level,
+                           store=_store(args.store))
+  except ValueError as e:   # keys: a bad tenant name, a key given twice
+    sys.exit(f"Orchard Env: {e}")
+  try:
+    sock = service.bind()
+  except OSError as e:
+    sys.exit(f"Orchard Env cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+
+  def ready():   # printed once the port is bound and requests are served
+    print(f"Orchard Env ({args.backend}) on http://{args.host}:{service.port}", flush=True)
+  try:
+    asyncio.run(service.serve(sock, ready))
+  except EnvError as e:              # the backend cannot start here: one line, no traceback
+    sys.exit(f"Orchard Env did not start: {e.message}")
+  except KeyboardInterrupt:
+    pass
+  finally:
+    sock.close()
 
 
 if __name__ == "__main__":

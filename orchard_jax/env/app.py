@@ -1,6 +1,9 @@
 """The REST service (FastAPI): routes over a SandboxManager, X-API-Key auth, metrics.
 
-Routes (all under /v1 need the `X-API-Key` header: 401 when missing, 403 when wrong):
+Routes (all under /v1 need the `X-API-Key` header: 401 when missing, 403 when wrong). A
+sandbox belongs to the tenant of the key that created it; for any other tenant's key every
+route naming it answers 404 as if it did not exist, and listings leave it out (admin keys see
+all; see orchard_jax.env.tenants):
 
 | method and path | what |
 | --- | --- |
@@ -31,7 +34,7 @@ import hmac
 import json
 import logging
 import time
-from typing import Optional
+from typing import Annotated, Optional
 
 import fastapi
 import httpcore
@@ -42,14 +45,62 @@ from prometheus_client import core as prom_core
 from orchard_jax.env import api as _api
 from orchard_jax.env import jobs as _jobs
 from orchard_jax.env import store as _store
+from orchard_jax.env import tenants as _tenants
 from orchard_jax.env.errors import (AuthenticationError, EnvError, InvalidRequest,
-                                    PermissionDenied)
-from orchard_jax.env.manager import SandboxManager
+                                    PayloadTooLarge, PermissionDenied)
+from orchard_jax.env.manager import SandboxManager, public_sandbox
 
 _log = logging.getLogger("orchard_jax.env.app")
 API_KEY_HEADER = "X-API-Key"
 _HOP_HEADERS = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                 "trailers", "transfer-encoding", "upgrade", "host", "content-length"}
+
+
+MAX_REQUEST_BYTES = 96 << 20   # a JSON body: 64 MiB of stdin as base64, and the rest
+
+
+class _BodyLimit:
+  """ASGI middleware: a request body (other than a file upload, which streams under its own
+  limit) is read at most `limit` bytes far; a longer one is answered 413 before any route
+  sees it, whether or not it announced its length."""
+
+  def __init__(self, app, limit: int):
+    self.app, self.limit = app, limit
+
+  async def __call__(self, scope, receive, send):
+    if scope["type"] != "http" or (scope["method"] == "PUT" and scope["path"].endswith("/files")):
+      return await self.app(scope, receive, send)
+    length = dict(scope.get("headers") or ()).get(b"content-length", b"")
+    if length.isdigit() and int(length) > self.limit:
+      return await self._refuse(send, int(length))
+    chunks, total, more = [], 0, True
+    while more:
+      message = await receive()
+      if message["type"] != "http.request":
+        break
+      chunks.append(message.get("body", b""))
+      total += len(chunks[-1])
+      more = message.get("more_body", False)
+      if total > self.limit:
+        return await self._refuse(send, total)
+    body, replayed = b"".join(chunks), False
+
+    async def replay():
+      nonlocal replayed
+      if not replayed:
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+      return await receive()
+    return await self.app(scope, replay, send)
+
+  async def _refuse(self, send, seen):
+    error = PayloadTooLarge(f"request body of {seen}+ bytes exceeds the service's limit of "
+                            f"{self.limit} bytes (upload files with PUT .../files)")
+    payload = json.dumps(error.to_json()).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
 
 
 def validation_error(errors) -> InvalidRequest:
@@ -65,11 +116,13 @@ def validation_error(errors) -> InvalidRequest:
   return InvalidRequest("invalid request: " + "; ".join(problems), details={"fields": fields})
 
 
-def _check_key(given: Optional[str], keys: tuple) -> None:
+def _check_key(given: Optional[str], tenants: _tenants.Tenants) -> _tenants.Principal:
   if not given:
     raise AuthenticationError(f"missing {API_KEY_HEADER} header")
-  if not any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):
+  principal = tenants.lookup(given)
+  if principal is None:
     raise PermissionDenied(f"the {API_KEY_HEADER} given is not a valid key")
+  return principal
 
 
 class _Metrics:
@@ -139,24 +192,28 @@ class _SandboxNetwork(httpcore.AsyncNetworkBackend):
     await asyncio.sleep(seconds)
 
 
-def build_app(manager: SandboxManager, api_keys, *, public_url: Optional[str] = None,
-              lifespan=None) -> fastapi.FastAPI:
+def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
+              public_url: Optional[str] = None, lifespan=None) -> fastapi.FastAPI:
   """The FastAPI application of the service.
 
   Args:
     manager: the logic (started and stopped by `lifespan`).
-    api_keys: accepted X-API-Key values.
+    api_keys: accepted X-API-Key values of tenants ("[tenant:]key" entries or a {tenant: key}
+      dict; see orchard_jax.env.tenants), or a Tenants.
+    admin_keys: keys that see and manage every tenant's sandboxes.
     public_url: base URL used in exposed-port URLs (default: the URL the request came to).
   """
-  keys = tuple(api_keys)
-  if not keys:
-    raise ValueError("at least one API key is required")
+  keys = (api_keys if isinstance(api_keys, _tenants.Tenants)
+          else _tenants.Tenants(api_keys, admin_keys))
   app = fastapi.FastAPI(title="Orchard Env", version="1", lifespan=lifespan)
+  app.add_middleware(_BodyLimit, limit=MAX_REQUEST_BYTES)
   metrics = _Metrics(manager)
   app.state.manager = manager
 
-  async def auth(x_api_key: Optional[str] = fastapi.Header(None)):
-    _check_key(x_api_key, keys)
+  async def auth(x_api_key: Optional[str] = fastapi.Header(None)) -> _tenants.Principal:
+    return _check_key(x_api_key, keys)
+
+  Who = Annotated[_tenants.Principal, fastapi.Depends(auth)]
 
   @app.exception_handler(EnvError)
   async def _env_error(request, exc: EnvError):
@@ -171,9 +228,9 @@ def build_app(manager: SandboxManager, api_keys, *, public_url: Optional[str] = 
     return {"status": "ok", "backend": manager.backend.describe(),
             "sandboxes": await manager.store.count(_store.SANDBOX)}
 
-  v1 = fastapi.APIRouter(prefix="/v1", dependencies=[fastapi.Depends(auth)])
+  v1 = fastapi.APIRouter(prefix="/v1")
 
-  @app.get("/metrics", dependencies=[fastapi.Depends(auth)])
+  @app.get("/metrics", dependencies=[fastapi.Depends(auth)])   # aggregate counts only
   async def prometheus_metrics():
     states = {}
     for record in await manager.store.list(_store.SANDBOX):
@@ -183,97 +240,103 @@ def build_app(manager: SandboxManager, api_keys, *, public_url: Optional[str] = 
                               media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
   @v1.post("/sandboxes", status_code=201)
-  async def create(body: _api.CreateSandbox):
-    return await manager.create(body)
+  async def create(body: _api.CreateSandbox, who: Who):
+    return await manager.create(body, who)
 
   @v1.get("/sandboxes")
-  async def list_sandboxes(label: list[str] = fastapi.Query([]), include_deleted: bool = False):
+  async def list_sandboxes(who: Who, label: list[str] = fastapi.Query([]),
+                           include_deleted: bool = False):
     labels = {}
     for item in label:
       key, sep, value = item.partition("=")
       if not sep:
         raise InvalidRequest(f"label filter must be key=value; got {item!r}")
       labels[key] = value
-    return {"sandboxes": await manager.list(labels, include_deleted)}
+    return {"sandboxes": await manager.list(labels, include_deleted, who)}
 
   @v1.get("/sandboxes/{sandbox_id}")
-  async def get(sandbox_id: str):
-    from orchard_jax.env.manager import public_sandbox
-    return public_sandbox(await manager.get(sandbox_id))
+  async def get(sandbox_id: str, who: Who):
+    return public_sandbox(await manager.get(sandbox_id, who))
 
   @v1.post("/sandboxes/{sandbox_id}/wait")
-  async def wait(sandbox_id: str, timeout: float = fastapi.Query(60, gt=0, le=600)):
-    return await manager.wait_ready(sandbox_id, timeout)
+  async def wait(sandbox_id: str, who: Who, timeout: float = fastapi.Query(60, gt=0, le=600)):
+    return await manager.wait_ready(sandbox_id, timeout, who)
 
   @v1.delete("/sandboxes/{sandbox_id}")
-  async def delete(sandbox_id: str):
-    return await manager.delete(sandbox_id)
+  async def delete(sandbox_id: str, who: Who):
+    return await manager.delete(sandbox_id, who=who)
 
   @v1.post("/sandboxes/{sandbox_id}/heartbeat")
-  async def heartbeat(sandbox_id: str):
-    return await manager.heartbeat(sandbox_id)
+  async def heartbeat(sandbox_id: str, who: Who):
+    return await manager.heartbeat(sandbox_id, who)
 
   @v1.post("/sandboxes/{sandbox_id}/exec")
-  async def exec_(sandbox_id: str, body: _api.Exec):
+  async def exec_(sandbox_id: str, body: _api.Exec, who: Who):
     # Records are plain JSON already: answer without FastAPI's generic encoder (hot path).
-    return responses.JSONResponse(await manager.exec(sandbox_id, body))
+    return responses.JSONResponse(await manager.exec(sandbox_id, body, who))
 
   @v1.get("/sandboxes/{sandbox_id}/jobs")
-  async def list_jobs(sandbox_id: str):
-    return {"jobs": await manager.list_jobs(sandbox_id)}
+  async def list_jobs(sandbox_id: str, who: Who):
+    return {"jobs": await manager.list_jobs(sandbox_id, who)}
 
   @v1.get("/sandboxes/{sandbox_id}/jobs/{job_id}")
-  async def get_job(sandbox_id: str, job_id: str):
-    return await manager.wait_job(sandbox_id, job_id, 0)
+  async def get_job(sandbox_id: str, job_id: str, who: Who):
+    return await manager.wait_job(sandbox_id, job_id, 0, who)
 
   @v1.post("/sandboxes/{sandbox_id}/jobs/{job_id}/wait")
-  async def wait_job(sandbox_id: str, job_id: str,
+  async def wait_job(sandbox_id: str, job_id: str, who: Who,
                      timeout: float = fastapi.Query(60, ge=0, le=600)):
-    return responses.JSONResponse(await manager.wait_job(sandbox_id, job_id, timeout))
+    return responses.JSONResponse(await manager.wait_job(sandbox_id, job_id, timeout, who))
 
   @v1.post("/sandboxes/{sandbox_id}/jobs/{job_id}/cancel")
-  async def cancel_job(sandbox_id: str, job_id: str):
-    return await manager.cancel_job(sandbox_id, job_id)
+  async def cancel_job(sandbox_id: str, job_id: str, who: Who):
+    return await manager.cancel_job(sandbox_id, job_id, who)
 
   @v1.put("/sandboxes/{sandbox_id}/files")
-  async def upload(sandbox_id: str, request: fastapi.Request, path: str,
+  async def upload(sandbox_id: str, request: fastapi.Request, path: str, who: Who,
                    mode: str = "644"):
     try:
       mode_bits = int(mode, 8)
     except ValueError:
-      raise InvalidRequest(f"mode must be octal like 644 or 755; got {mode!r}") from None
-    return await manager.write_file(sandbox_id, path, await request.body(), mode_bits)
+      raise InvalidRequest(f"mode must be octal like 644 or 755; got {mode!r}",
+                           details={"fields": ["mode"]}) from None
+    limit = manager.config.max_file_bytes
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+      raise PayloadTooLarge(f"upload of {length} bytes exceeds max_file_bytes {limit}")
+    return await manager.write_file(sandbox_id, path, request.stream(), mode_bits, who)
 
   @v1.get("/sandboxes/{sandbox_id}/files")
-  async def download(sandbox_id: str, path: str):
-    data = await manager.read_file(sandbox_id, path)
-    return responses.Response(data, media_type="application/octet-stream")
+  async def download(sandbox_id: str, path: str, who: Who):
+    size, chunks = await manager.read_file(sandbox_id, path, who)
+    return responses.StreamingResponse(chunks, media_type="application/octet-stream",
+                                       headers={"Content-Length": str(size)})
 
   @v1.get("/sandboxes/{sandbox_id}/files/list")
-  async def list_files(sandbox_id: str, path: str = "."):
-    return {"entries": await manager.list_files(sandbox_id, path)}
+  async def list_files(sandbox_id: str, who: Who, path: str = "."):
+    return {"entries": await manager.list_files(sandbox_id, path, who)}
 
   @v1.post("/sandboxes/{sandbox_id}/patch")
-  async def patch(sandbox_id: str, body: _api.Patch):
-    return await manager.apply_patch(sandbox_id, body)
+  async def patch(sandbox_id: str, body: _api.Patch, who: Who):
+    return await manager.apply_patch(sandbox_id, body, who)
 
   @v1.get("/sandboxes/{sandbox_id}/stats")
-  async def stats(sandbox_id: str):
-    record = await manager.ready_record(sandbox_id)
+  async def stats(sandbox_id: str, who: Who):
+    record = await manager.ready_record(sandbox_id, who)
     return await manager.backend.stats(sandbox_id, record["ref"])
 
   @v1.post("/sandboxes/{sandbox_id}/ports", status_code=201)
-  async def expose(sandbox_id: str, body: _api.Expose, request: fastapi.Request):
+  async def expose(sandbox_id: str, body: _api.Expose, request: fastapi.Request, who: Who):
     base = public_url or str(request.base_url)
-    return await manager.expose(sandbox_id, body, base)
+    return await manager.expose(sandbox_id, body, base, who)
 
   @v1.get("/sandboxes/{sandbox_id}/ports")
-  async def list_ports(sandbox_id: str):
-    return {"ports": await manager.list_exposures(sandbox_id)}
+  async def list_ports(sandbox_id: str, who: Who):
+    return {"ports": await manager.list_exposures(sandbox_id, who)}
 
   @v1.delete("/sandboxes/{sandbox_id}/ports/{exposure_id}")
-  async def unexpose(sandbox_id: str, exposure_id: str):
-    await manager.unexpose(sandbox_id, exposure_id)
+  async def unexpose(sandbox_id: str, exposure_id: str, who: Who):
+    await manager.unexpose(sandbox_id, exposure_id, who)
     return {"deleted": True}
 
   app.include_router(v1)
@@ -283,9 +346,10 @@ def build_app(manager: SandboxManager, api_keys, *, public_url: Optional[str] = 
                 shell: Optional[str] = None):
     given = websocket.headers.get(API_KEY_HEADER) or websocket.query_params.get("api_key")
     try:
-      _check_key(given, keys)
-      record = await manager.ready_record(sandbox_id)
-    except EnvError as e:
+      who = _check_key(given, keys)
+      record = await manager.ready_record(sandbox_id, who)
+    except EnvError as e:   # accepted first, so the client gets the code and the reason
+      await websocket.accept()
       await websocket.close(code=4401 if isinstance(e, AuthenticationError) else 4404,
                             reason=e.message[:120])
       return
@@ -346,18 +410,31 @@ def build_app(manager: SandboxManager, api_keys, *, public_url: Optional[str] = 
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS]
     headers.append(("host", f"localhost:{exposure['port']}"))
     target = "/" + path + (("?" + request.url.query) if request.url.query else "")
-    body = await request.body()
+    # Both bodies stream through (one chunk at a time): the service's memory does not grow
+    # with what the client sends or the sandbox answers.
+    pool = httpcore.AsyncConnectionPool(network_backend=network, retries=0)
     try:
-      async with httpcore.AsyncConnectionPool(network_backend=network, retries=0) as pool:
-        response = await pool.request(request.method, f"http://localhost:{exposure['port']}{target}",
-                                      headers=headers, content=body)
+      stream = pool.stream(request.method, f"http://localhost:{exposure['port']}{target}",
+                           headers=headers, content=request.stream())
+      response = await stream.__aenter__()
     except (OSError, EnvError, httpcore.ConnectError, httpcore.ReadError,
             httpcore.RemoteProtocolError) as e:
+      await pool.aclose()
       return responses.JSONResponse(
           {"error": {"code": "bad_gateway", "message": f"port {exposure['port']} of "
                      f"{record['id']} did not answer: {e}"}}, status_code=502)
     out_headers = {k.decode(): v.decode() for k, v in response.headers
                    if k.decode().lower() not in _HOP_HEADERS}
-    return responses.Response(response.content, status_code=response.status, headers=out_headers)
+
+    async def relay():
+      try:
+        async for chunk in response.aiter_stream():
+          yield chunk
+      except (OSError, httpcore.ReadError, httpcore.RemoteProtocolError):
+        return
+      finally:
+        await stream.__aexit__(None, None, None)
+        await pool.aclose()
+    return responses.StreamingResponse(relay(), status_code=response.status, headers=out_headers)
 
   return app

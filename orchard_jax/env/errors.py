@@ -114,6 +114,17 @@ class CapacityError(EnvError):
   code = "capacity"
 
 
+class QuotaExceeded(CapacityError):
+  """The tenant would exceed its quota (sandboxes alive, total cpu or memory)."""
+  code = "quota_exceeded"
+
+
+class PayloadTooLarge(EnvError):
+  """An upload, download or request body is over the service's limit."""
+  status_code = 413
+  code = "too_large"
+
+
 class BackendUnavailable(EnvError):
   """The backend cannot work here (bubblewrap missing, Kubernetes API unreachable...)."""
   status_code = 503

@@ -15,9 +15,11 @@ from typing import Optional
 from orchard_jax.env import api as _api
 from orchard_jax.env import jobs as _jobs
 from orchard_jax.env import store as _store
+from orchard_jax.env import tenants as _tenants
 from orchard_jax.env.backends.base import Backend, SandboxSpec
 from orchard_jax.env.errors import (CapacityError, EnvError, ExposureNotFound, InvalidRequest,
-                                    JobNotFound, SandboxFailed, SandboxNotFound,
+                                    JobNotFound, PayloadTooLarge, QuotaExceeded,
+                                    SandboxFailed, SandboxNotFound,
                                     SandboxStateError)
 
 _log = logging.getLogger("orchard_jax.env.manager")
@@ -42,6 +44,11 @@ class ServiceConfig:
     tombstone_ttl: deleted sandboxes are remembered this long, so errors can say why.
     default_cpu / default_memory / default_disk: limits when a request gives none.
     max_file_bytes: largest upload or download.
+    tenant_max_sandboxes / tenant_max_cpu / tenant_max_memory: every tenant's quota of live
+      sandboxes, their total cpu (cores) and memory (bytes); None: no quota. A tenant under a
+      cpu or memory quota must give its sandboxes that limit.
+    tenant_quotas: per-tenant overrides, {tenant: {"max_sandboxes": .., "max_cpu": ..,
+      "max_memory": ..}} (a key left out keeps the default above).
   """
   default_timeout: float = 3600.0
   max_timeout: float = 7 * 24 * 3600.0
@@ -58,6 +65,17 @@ class ServiceConfig:
   default_memory: Optional[int] = None
   default_disk: Optional[int] = None
   max_file_bytes: int = 1 << 30
+  tenant_max_sandboxes: Optional[int] = None
+  tenant_max_cpu: Optional[float] = None
+  tenant_max_memory: Optional[int] = None
+  tenant_quotas: dict = dataclasses.field(default_factory=dict)
+
+  def quota(self, tenant: Optional[str]) -> dict:
+    """{"max_sandboxes", "max_cpu", "max_memory"} of `tenant` (values may be None)."""
+    out = {"max_sandboxes": self.tenant_max_sandboxes, "max_cpu": self.tenant_max_cpu,
+           "max_memory": self.tenant_max_memory}
+    out.update((self.tenant_quotas or {}).get(tenant, {}))
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _now() -> float:
@@ -72,6 +90,53 @@ def encode_output(data: bytes, prefix: str, out: dict) -> None:
   except UnicodeDecodeError:
     out[prefix] = data.decode("utf-8", errors="replace")
     out[prefix + "_b64"] = base64.b64encode(data).decode()
+
+
+HEADROOM = 32 << 20   # memory a sandbox keeps for its processes beside a full disk
+
+
+def _disk_for(disk: Optional[int], memory: Optional[int], default: Optional[int]) -> Optional[int]:
+  """The writable space of a sandbox (its workspace, and /tmp, each a tmpfs of this size).
+
+  Both tmpfs count toward the memory limit (as a memory-backed emptyDir does on Kubernetes):
+  with a memory limit, 2 x disk + HEADROOM must fit in it, so filling both is "No space left
+  on device", never a kill by the OOM killer. Without a given disk, the default shrinks to
+  fit; a given disk that does not fit is refused (never replaced).
+
+  Raises:
+    InvalidRequest: a given disk that does not fit the given memory.
+  """
+  if memory is None:
+    return disk if disk is not None else default
+  room = (memory - HEADROOM) // 2
+  if disk is None:
+    return min(default, room) if default else room
+  if disk > room:
+    raise InvalidRequest(
+        f"disk {disk} bytes does not fit memory {memory} bytes: the workspace and /tmp are "
+        f"each a tmpfs of `disk` bytes whose pages count toward the memory limit, so filling "
+        f"them would be a kill by the OOM killer instead of 'No space left on device'; give "
+        f"memory >= 2 x disk + {HEADROOM >> 20}Mi ({2 * disk + HEADROOM} bytes) or disk <= "
+        f"{room} bytes", details={"fields": ["disk", "memory"]})
+  return disk
+
+
+async def _limited(data, limit: int):
+  """The chunks of `data` (bytes or an async iterable), raising PayloadTooLarge as soon as
+  more than `limit` bytes have come."""
+  if isinstance(data, (bytes, bytearray, memoryview)):
+    if len(data) > limit:
+      raise PayloadTooLarge(f"upload of {len(data)} bytes exceeds max_file_bytes {limit}")
+    yield bytes(data)
+    return
+  total = 0
+  async for chunk in data:
+    total += len(chunk)
+    if total > limit:
+      raise PayloadTooLarge(f"upload exceeds max_file_bytes {limit} (more than {limit} "
+                            f"bytes arrived)")
+    if chunk:
+      yield chunk
 
 
 def public_sandbox(record: dict) -> dict:
@@ -162,27 +227,77 @@ class SandboxManager:
     return {"skipped": False, "orphans_deleted": sorted(orphans), "records_dropped": dropped}
 
   # ------------------------------------------------------------------ sandboxes
-  async def create(self, request: _api.CreateSandbox) -> dict:
+  async def create(self, request: _api.CreateSandbox,
+                   who: Optional[_tenants.Principal] = None) -> dict:
+    """Creates a sandbox owned by `who`'s tenant (None: the service's own).
+
+    Raises:
+      InvalidRequest: limits that contradict each other or the service's ceilings.
+      QuotaExceeded: the tenant would exceed its quota (429).
+      CapacityError: the service is full (429).
+    """
     cfg = self.config
     timeout = request.timeout if request.timeout is not None else cfg.default_timeout
     if timeout > cfg.max_timeout:
       raise InvalidRequest(f"timeout {timeout:g} s exceeds the service's max_timeout "
-                           f"{cfg.max_timeout:g} s")
+                           f"{cfg.max_timeout:g} s", details={"fields": ["timeout"]})
+    memory = request.memory if request.memory is not None else cfg.default_memory
+    disk = _disk_for(request.disk, memory, cfg.default_disk or
+                     self.backend.describe().get("default_disk"))
     spec = SandboxSpec(image=request.image,
                        cpu=request.cpu if request.cpu is not None else cfg.default_cpu,
-                       memory=request.memory if request.memory is not None else cfg.default_memory,
-                       disk=request.disk if request.disk is not None else cfg.default_disk,
+                       memory=memory, disk=disk,
                        pids=request.pids, network=request.network,
                        egress=list(request.egress), env=dict(request.env),
-                       labels=dict(request.labels), workdir=request.workdir)
+                       labels=dict(request.labels), workdir=request.workdir,
+                       tenant=who.tenant if who is not None else None)
     image_info = self.backend.validate(spec)
-    live = await self.store.count(_store.SANDBOX)
-    if live >= cfg.max_sandboxes:
-      raise CapacityError(f"the service holds {live} sandboxes, its max_sandboxes is "
-                          f"{cfg.max_sandboxes}; delete some first")
+    tenant = spec.tenant
+    async with self.store.lock(f"tenant:{tenant}"):
+      live = await self.store.count(_store.SANDBOX)
+      if live >= cfg.max_sandboxes:
+        raise CapacityError(f"the service holds {live} sandboxes, its max_sandboxes is "
+                            f"{cfg.max_sandboxes}; delete some first")
+      await self._check_quota(tenant, spec)
+      record = self._new_record(request, spec, image_info, timeout)
+      await self.store.put(_store.SANDBOX, record["id"], record)
+    sandbox_id = record["id"]
+    self._ready_events[sandbox_id] = asyncio.Event()
+    self.counters["created"] += 1
+    self._spawn(self._bring_up(sandbox_id, spec))
+    if request.wait:
+      return await self.wait_ready(sandbox_id, min(request.wait_timeout or cfg.pending_timeout,
+                                                   cfg.pending_timeout))
+    return public_sandbox(record)
+
+  async def _check_quota(self, tenant: Optional[str], spec: SandboxSpec) -> None:
+    """Raises QuotaExceeded if `spec` would take `tenant` over its quota (see ServiceConfig)."""
+    quota = self.config.quota(tenant)
+    if tenant is None or not quota:
+      return
+    for what in ("cpu", "memory"):
+      if quota.get(f"max_{what}") is not None and getattr(spec, what) is None:
+        raise InvalidRequest(f"tenant {tenant!r} has a {what} quota: give the sandbox a {what} "
+                             f"limit", details={"fields": [what]})
+    mine = [r for r in await self.store.list(_store.SANDBOX)
+            if r.get("tenant") == tenant and r["state"] != DELETED]
+    usage = {"sandboxes": len(mine), "cpu": sum(r.get("cpu") or 0 for r in mine),
+             "memory": sum(r.get("memory") or 0 for r in mine)}
+    asked = {"sandboxes": 1, "cpu": spec.cpu or 0, "memory": spec.memory or 0}
+    for what in ("sandboxes", "cpu", "memory"):
+      limit = quota.get(f"max_{what}")
+      if limit is not None and usage[what] + asked[what] > limit:
+        raise QuotaExceeded(
+            f"tenant {tenant!r} would hold {usage[what] + asked[what]:g} {what} (alive now: "
+            f"{usage[what]:g}, this sandbox: {asked[what]:g}); its quota is {limit:g}; delete "
+            f"some sandboxes first", details={"quota": what, "limit": limit,
+                                              "usage": usage[what], "requested": asked[what]})
+
+  def _new_record(self, request, spec, image_info, timeout) -> dict:
     now = _now()
     sandbox_id = "sbx-" + secrets.token_hex(6)
-    record = {"id": sandbox_id, "state": PENDING, "image": spec.image, "cpu": spec.cpu,
+    return {"id": sandbox_id, "tenant": spec.tenant, "state": PENDING, "image": spec.image,
+              "cpu": spec.cpu,
               "memory": spec.memory, "disk": spec.disk, "pids": spec.pids,
               "network": spec.network, "egress": image_info.get("egress", []),
               "env": spec.env, "labels": spec.labels,
@@ -191,14 +306,6 @@ class SandboxManager:
               "timeout": timeout, "heartbeat_timeout": request.heartbeat_timeout,
               "last_heartbeat": now, "error": None, "backend": self.backend.name,
               "limits": self.backend.describe().get("limits", {}), "ref": None}
-    await self.store.put(_store.SANDBOX, sandbox_id, record)
-    self._ready_events[sandbox_id] = asyncio.Event()
-    self.counters["created"] += 1
-    self._spawn(self._bring_up(sandbox_id, spec))
-    if request.wait:
-      return await self.wait_ready(sandbox_id, min(request.wait_timeout or self.config.pending_timeout,
-                                                   self.config.pending_timeout))
-    return public_sandbox(record)
 
   async def _bring_up(self, sandbox_id: str, spec: SandboxSpec) -> None:
     started = time.monotonic()
@@ -235,8 +342,12 @@ class SandboxManager:
     if event is not None:
       event.set()
 
-  async def get(self, sandbox_id: str) -> dict:
+  async def get(self, sandbox_id: str, who: Optional[_tenants.Principal] = None) -> dict:
+    """The record of a sandbox `who` may see (any, when who is None: the service itself).
+    Raises SandboxNotFound, alike for a sandbox of another tenant and one that never was."""
     record = await self.store.get(_store.SANDBOX, sandbox_id)
+    if record is not None and who is not None and not who.may_see(record):
+      record = None
     if record is None or record["state"] == DELETED:
       raise self._not_found(sandbox_id, record)
     return record
@@ -248,11 +359,11 @@ class SandboxManager:
     return SandboxNotFound(f"sandbox {sandbox_id!r} not found; it was deleted {ago:.0f} s ago "
                            f"({tombstone['reason']})", details={"reason": tombstone["reason"]})
 
-  async def wait_ready(self, sandbox_id: str, timeout: float) -> dict:
+  async def wait_ready(self, sandbox_id: str, timeout: float, who: Optional[_tenants.Principal] = None) -> dict:
     """Waits until the sandbox is ready (returns it), failed (raises), or timeout (returns it
     still pending)."""
     deadline = time.monotonic() + timeout
-    record = await self.get(sandbox_id)
+    record = await self.get(sandbox_id, who)
     while True:
       if record["state"] == DELETED:
         raise SandboxFailed(f"sandbox {sandbox_id!r} was deleted before it was ready: "
@@ -279,9 +390,12 @@ class SandboxManager:
       if record is None:
         raise SandboxNotFound(f"sandbox {sandbox_id!r} not found")
 
-  async def list(self, labels: Optional[dict] = None, include_deleted: bool = False) -> list:
+  async def list(self, labels: Optional[dict] = None, include_deleted: bool = False,
+                 who: Optional[_tenants.Principal] = None) -> list:
     out = []
     for record in await self.store.list(_store.SANDBOX):
+      if who is not None and not who.may_see(record):
+        continue
       if record["state"] == DELETED and not include_deleted:
         continue
       if labels and any(record.get("labels", {}).get(k) != v for k, v in labels.items()):
@@ -290,14 +404,17 @@ class SandboxManager:
     out.sort(key=lambda r: r.get("created_at") or 0)
     return out
 
-  async def heartbeat(self, sandbox_id: str) -> dict:
+  async def heartbeat(self, sandbox_id: str, who: Optional[_tenants.Principal] = None) -> dict:
     async with self.store.lock(sandbox_id):
-      record = await self.get(sandbox_id)
+      record = await self.get(sandbox_id, who)
       record["last_heartbeat"] = _now()
       await self.store.put(_store.SANDBOX, sandbox_id, record)
     return public_sandbox(record)
 
-  async def delete(self, sandbox_id: str, reason: str = "deleted by a client") -> dict:
+  async def delete(self, sandbox_id: str, reason: str = "deleted by a client",
+                   who: Optional[_tenants.Principal] = None) -> dict:
+    if who is not None:
+      await self.get(sandbox_id, who)   # 404 for another tenant's sandbox
     async with self.store.lock(sandbox_id):
       record = await self.store.get(_store.SANDBOX, sandbox_id)
       if record is None:
@@ -323,12 +440,12 @@ class SandboxManager:
   async def _tombstone(self, record, reason):
     tomb = {"id": record["id"], "state": DELETED, "reason": reason, "deleted_at": _now(),
             "created_at": record.get("created_at"), "image": record.get("image"),
-            "labels": record.get("labels", {})}
+            "labels": record.get("labels", {}), "tenant": record.get("tenant")}
     await self.store.put(_store.SANDBOX, record["id"], tomb)
     return tomb
 
-  async def ready_record(self, sandbox_id: str) -> dict:
-    record = await self.get(sandbox_id)
+  async def ready_record(self, sandbox_id: str, who: Optional[_tenants.Principal] = None) -> dict:
+    record = await self.get(sandbox_id, who)
     if record["state"] != READY:
       if record["state"] == FAILED:
         raise SandboxFailed(record["error"] or f"sandbox {sandbox_id!r} failed")
@@ -360,8 +477,8 @@ class SandboxManager:
                          cwd=cwd, env=env, timeout=timeout,
                          merge_stderr=request.merge_stderr, max_output_bytes=cap, stdin=stdin)
 
-  async def exec(self, sandbox_id: str, request: _api.Exec) -> dict:
-    record = await self.ready_record(sandbox_id)
+  async def exec(self, sandbox_id: str, request: _api.Exec, who: Optional[_tenants.Principal] = None) -> dict:
+    record = await self.ready_record(sandbox_id, who)
     spec = self.job_spec(record, request)
     job_id = "job-" + secrets.token_hex(8)
     job_ref = await self.backend.start_job(sandbox_id, record["ref"], job_id, spec)
@@ -401,16 +518,19 @@ class SandboxManager:
       self.on_job_done(final)
     return final
 
-  async def get_job(self, sandbox_id: str, job_id: str) -> dict:
+  async def get_job(self, sandbox_id: str, job_id: str, who: Optional[_tenants.Principal] = None) -> dict:
+    if who is not None:
+      await self.get(sandbox_id, who)
     job = await self.store.get(_store.JOB, job_id)
     if job is None or job["sandbox_id"] != sandbox_id:
       raise JobNotFound(f"job {job_id!r} not found in sandbox {sandbox_id!r}")
     return job
 
-  async def wait_job(self, sandbox_id: str, job_id: str, timeout: float) -> dict:
+  async def wait_job(self, sandbox_id: str, job_id: str, timeout: float,
+                     who: Optional[_tenants.Principal] = None) -> dict:
     """The job once final, or as it is after `timeout` seconds (status "running")."""
     timeout = min(timeout, self.config.exec_wait_limit)
-    job = await self.get_job(sandbox_id, job_id)
+    job = await self.get_job(sandbox_id, job_id, who)
     if job["status"] in _jobs.FINAL_STATUSES:
       return public_job(job)
     record = await self.store.get(_store.SANDBOX, sandbox_id)
@@ -431,15 +551,15 @@ class SandboxManager:
       return public_job(latest)
     return public_job(await self._record_result(latest, result))
 
-  async def cancel_job(self, sandbox_id: str, job_id: str) -> dict:
-    job = await self.get_job(sandbox_id, job_id)
+  async def cancel_job(self, sandbox_id: str, job_id: str, who: Optional[_tenants.Principal] = None) -> dict:
+    job = await self.get_job(sandbox_id, job_id, who)
     if job["status"] not in _jobs.FINAL_STATUSES:
       record = await self.ready_record(sandbox_id)
       await self.backend.cancel_job(sandbox_id, record["ref"], job_id, job["job_ref"])
     return await self.wait_job(sandbox_id, job_id, 10)
 
-  async def list_jobs(self, sandbox_id: str) -> list:
-    await self.get(sandbox_id)
+  async def list_jobs(self, sandbox_id: str, who: Optional[_tenants.Principal] = None) -> list:
+    await self.get(sandbox_id, who)
     jobs = [public_job(j) for j in await self.store.list(_store.JOB, sandbox_id)]
     jobs.sort(key=lambda j: j["started_at"])
     return jobs
@@ -463,28 +583,43 @@ class SandboxManager:
       path = _api.sandbox_path(record["workdir"].rstrip("/") + "/" + path)
     return path
 
-  async def read_file(self, sandbox_id: str, path: str) -> bytes:
-    record = await self.ready_record(sandbox_id)
-    return await self.backend.read_file(sandbox_id, record["ref"], self._path(record, path))
+  async def read_file(self, sandbox_id: str, path: str,
+                      who: Optional[_tenants.Principal] = None) -> tuple:
+    """(size in bytes, async iterator of the file's bytes), streamed from the sandbox.
 
-  async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int = 0o644) -> dict:
-    if len(data) > self.config.max_file_bytes:
-      raise InvalidRequest(f"file of {len(data)} bytes exceeds max_file_bytes "
-                           f"{self.config.max_file_bytes}")
-    record = await self.ready_record(sandbox_id)
+    Raises:
+      SandboxFileNotFound; FileOperationError (a directory, FIFO, device or socket, or a
+      symlink to one); PayloadTooLarge (over max_file_bytes), all before any byte is sent.
+    """
+    record = await self.ready_record(sandbox_id, who)
+    return await self.backend.read_file(sandbox_id, record["ref"], self._path(record, path),
+                                        self.config.max_file_bytes)
+
+  async def write_file(self, sandbox_id: str, path: str, data, mode: int = 0o644,
+                       who: Optional[_tenants.Principal] = None) -> dict:
+    """Writes bytes or an async iterable of byte chunks to `path`, counting them as they
+    arrive: past max_file_bytes the upload stops with PayloadTooLarge and nothing is kept."""
+    if not 0 <= mode <= 0o7777:
+      raise InvalidRequest(f"mode must be 0 to 7777 (octal); got {mode:o}",
+                           details={"fields": ["mode"]})
+    record = await self.ready_record(sandbox_id, who)
     full = self._path(record, path)
-    await self.backend.write_file(sandbox_id, record["ref"], full, data, mode)
-    return {"path": full, "size": len(data)}
+    if full == "/" or path.endswith("/"):
+      raise InvalidRequest(f"path {path!r} names a folder; give a file path",
+                           details={"fields": ["path"]})
+    size = await self.backend.write_file(sandbox_id, record["ref"], full,
+                                         _limited(data, self.config.max_file_bytes), mode)
+    return {"path": full, "size": size}
 
-  async def list_files(self, sandbox_id: str, path: str) -> list:
-    record = await self.ready_record(sandbox_id)
+  async def list_files(self, sandbox_id: str, path: str, who: Optional[_tenants.Principal] = None) -> list:
+    record = await self.ready_record(sandbox_id, who)
     return await self.backend.list_files(sandbox_id, record["ref"], self._path(record, path))
 
-  async def apply_patch(self, sandbox_id: str, request: _api.Patch) -> dict:
+  async def apply_patch(self, sandbox_id: str, request: _api.Patch, who: Optional[_tenants.Principal] = None) -> dict:
     """Applies a unified diff: `git apply`, else GNU `patch --forward --fuzz=5` (checked with
     --dry-run first, so a failed attempt changes nothing). Returns {applied, method, output}."""
     data = request.data
-    record = await self.ready_record(sandbox_id)
+    record = await self.ready_record(sandbox_id, who)
     cwd = self._path(record, request.cwd, "cwd") if request.cwd else record["workdir"]
     path = f"/tmp/.orchard-patch-{secrets.token_hex(6)}.diff"
     await self.backend.write_file(sandbox_id, record["ref"], path, data, 0o644)
@@ -505,8 +640,9 @@ class SandboxManager:
     return {"applied": applied, "method": method, "output": "\n".join(outputs), "cwd": cwd}
 
   # ------------------------------------------------------------------ exposures
-  async def expose(self, sandbox_id: str, request: _api.Expose, base_url: str) -> dict:
-    await self.ready_record(sandbox_id)
+  async def expose(self, sandbox_id: str, request: _api.Expose, base_url: str,
+                   who: Optional[_tenants.Principal] = None) -> dict:
+    await self.ready_record(sandbox_id, who)
     token = secrets.token_urlsafe(24)
     exposure = {"id": token, "sandbox_id": sandbox_id, "port": request.port,
                 "created_at": _now(), "expires_at": _now() + request.ttl,
@@ -514,11 +650,12 @@ class SandboxManager:
     await self.store.put(_store.EXPOSURE, token, exposure)
     return exposure
 
-  async def list_exposures(self, sandbox_id: str) -> list:
-    await self.get(sandbox_id)
+  async def list_exposures(self, sandbox_id: str, who: Optional[_tenants.Principal] = None) -> list:
+    await self.get(sandbox_id, who)
     return await self.store.list(_store.EXPOSURE, sandbox_id)
 
-  async def unexpose(self, sandbox_id: str, exposure_id: str) -> None:
+  async def unexpose(self, sandbox_id: str, exposure_id: str, who: Optional[_tenants.Principal] = None) -> None:
+    await self.get(sandbox_id, who)
     exposure = await self.store.get(_store.EXPOSURE, exposure_id)
     if exposure is None or exposure["sandbox_id"] != sandbox_id:
       raise ExposureNotFound(f"exposure {exposure_id[:6]}... not found on {sandbox_id!r}")

@@ -27,17 +27,19 @@ import uvicorn
 
 from orchard_jax.env import app as _app
 from orchard_jax.env import store as _store
+from orchard_jax.env import tenants as _tenants
 from orchard_jax.env.backends.base import Backend
 from orchard_jax.env.errors import BackendUnavailable, EnvError
 from orchard_jax.env.manager import SandboxManager, ServiceConfig
 
 _log = logging.getLogger("orchard_jax.env")
 API_KEYS_ENV = "ORCHARD_ENV_API_KEYS"
+ADMIN_KEYS_ENV = "ORCHARD_ENV_ADMIN_KEYS"
 
 
 def load_api_keys(path: Optional[str] = None, env_var: str = API_KEYS_ENV) -> list:
-  """API keys from a file (one per line, '#' comments) and/or an environment variable
-  (comma-separated). Returns [] when neither gives any."""
+  """API keys from a file (one "[tenant:]key" per line, '#' comments) and/or an environment
+  variable (comma-separated entries). Returns [] when neither gives any."""
   keys = []
   if path:
     with open(path) as f:
@@ -59,21 +61,26 @@ class Orchestrator:
 
   Args:
     backend: where sandboxes run (e.g. LocalBackend(), KubernetesBackend(...)).
-    api_keys: accepted X-API-Key values; None generates one (see `api_key`).
+    api_keys: tenants' X-API-Key values, as "[tenant:]key" entries or a {tenant: key or
+      [keys]} dict (see orchard_jax.env.tenants); None generates one key (see `api_key`).
+    admin_keys: keys that see and manage every tenant's sandboxes (same forms).
     host, port: where to listen (port 0 picks a free port; see `url`).
     store: record store (default MemoryStore).
     config: ServiceConfig policy.
     public_url: base URL written into exposed-port URLs.
     log_level: uvicorn's log level.
   Raises (on enter):
-    BackendUnavailable or another EnvError if the backend cannot start.
+    BackendUnavailable or another EnvError if the backend cannot start; OSError if the
+    address cannot be bound.
   """
 
-  def __init__(self, backend: Backend, *, api_keys: Optional[Sequence[str]] = None,
+  def __init__(self, backend: Backend, *, api_keys=None, admin_keys=None,
                host: str = "127.0.0.1", port: int = 0, store: Optional[_store.Store] = None,
                config: Optional[ServiceConfig] = None, public_url: Optional[str] = None,
                log_level: str = "warning"):
-    self.api_keys = list(api_keys) if api_keys else [secrets.token_urlsafe(24)]
+    self.api_keys = api_keys if api_keys else [secrets.token_urlsafe(24)]
+    self.admin_keys = admin_keys
+    self.tenants = _tenants.Tenants(self.api_keys, admin_keys)   # checks the keys now
     self.manager = SandboxManager(backend, store or _store.MemoryStore(), config or ServiceConfig())
     self.host, self.port = host, port
     self.public_url = public_url
@@ -86,48 +93,67 @@ class Orchestrator:
 
   @property
   def api_key(self) -> str:
-    return self.api_keys[0]
+    """The first tenant key (without its "tenant:" prefix)."""
+    return _tenants.first_key(self.api_keys)
 
   @property
   def url(self) -> str:
     host = self.host if self.host not in ("0.0.0.0", "::") else "127.0.0.1"
     return f"http://{host}:{self.port}"
 
-  def _lifespan(self):
+  def _lifespan(self, start: bool = True):
     @contextlib.asynccontextmanager
     async def lifespan(_app_):
-      try:
+      if start:
         await self.manager.start()
-      except BaseException as e:
-        self._startup_error = e
-        self._started.set()
-        raise
-      self._started.set()
       try:
         yield
       finally:
         await self.manager.stop()
     return lifespan
 
-  def build(self):
-    """The FastAPI app (for running it under another server)."""
-    return _app.build_app(self.manager, self.api_keys, public_url=self.public_url,
-                          lifespan=self._lifespan())
+  def build(self, *, start: bool = True):
+    """The FastAPI app; its lifespan stops the manager (deleting its sandboxes) at shutdown,
+    and starts it first unless `start` is False (`serve` starts it before serving, so a
+    backend that cannot start is one error, not a server that fails mid-start)."""
+    return _app.build_app(self.manager, self.tenants, public_url=self.public_url,
+                          lifespan=self._lifespan(start))
 
-  def __enter__(self) -> "Orchestrator":
+  def bind(self) -> socket.socket:
+    """The listening socket at host:port (port 0: a free one, written back to `port`)."""
     sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((self.host, self.port))
+    try:
+      sock.bind((self.host, self.port))
+    except OSError:
+      sock.close()
+      raise
     self.port = sock.getsockname()[1]
-    config = uvicorn.Config(self.build(), log_level=self.log_level, lifespan="on",
-                            timeout_graceful_shutdown=5, ws_ping_interval=None)
+    return sock
+
+  async def serve(self, sock: socket.socket, on_ready=None) -> None:
+    """Starts the manager, then serves on `sock` until told to exit (SIGINT or SIGTERM in the
+    main thread, `close()`); the app's lifespan stops the manager (deleting its sandboxes) on
+    the way out. `on_ready()` runs once requests are served."""
+    await self.manager.start()
+    config = uvicorn.Config(self.build(start=False), log_level=self.log_level,
+                            lifespan="on", timeout_graceful_shutdown=5, ws_ping_interval=None)
     self._server = uvicorn.Server(config)
+    serving = asyncio.ensure_future(self._server.serve(sockets=[sock]))
+    while not self._server.started and not serving.done():
+      await asyncio.sleep(0.005)
+    if self._server.started and on_ready is not None:
+      on_ready()
+    await serving
+
+  def __enter__(self) -> "Orchestrator":
+    sock = self.bind()
 
     def run():
       self._loop = _new_loop()
       asyncio.set_event_loop(self._loop)
       try:
-        self._loop.run_until_complete(self._server.serve(sockets=[sock]))
+        self._loop.run_until_complete(self.serve(sock, self._started.set))
       except BaseException as e:  # noqa: BLE001 - reported to __enter__
         if self._startup_error is None:
           self._startup_error = e
@@ -139,9 +165,7 @@ class Orchestrator:
     self._thread = threading.Thread(target=run, name="orchard-env", daemon=True)
     self._thread.start()
     self._started.wait()
-    while self._startup_error is None and not self._server.started and self._thread.is_alive():
-      time.sleep(0.005)
-    if self._startup_error is not None or not self._server.started:
+    if self._startup_error is not None or self._server is None or not self._server.started:
       self._thread.join(10)
       err = self._startup_error
       if isinstance(err, EnvError):
@@ -176,15 +200,17 @@ class ServiceProcess:
   """
 
   def __init__(self, args: Sequence[str] = (), *, api_keys: Optional[Sequence[str]] = None,
-               port: int = 0, startup_timeout: float = 60.0, env: Optional[dict] = None):
+               admin_keys: Optional[Sequence[str]] = None, port: int = 0,
+               startup_timeout: float = 60.0, env: Optional[dict] = None):
     self.api_keys = list(api_keys) if api_keys else [secrets.token_urlsafe(24)]
+    self.admin_keys = list(admin_keys or [])
     self.args, self.port, self.startup_timeout = list(args), port, startup_timeout
     self.extra_env = env or {}
     self.process = None
 
   @property
   def api_key(self) -> str:
-    return self.api_keys[0]
+    return _tenants.first_key(self.api_keys)
 
   @property
   def url(self) -> str:
@@ -197,6 +223,8 @@ class ServiceProcess:
         self.port = s.getsockname()[1]
     env = dict(os.environ, **self.extra_env)
     env[API_KEYS_ENV] = ",".join(self.api_keys)
+    if self.admin_keys:
+      env[ADMIN_KEYS_ENV] = ",".join(self.admin_keys)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     self.process = subprocess.Popen(

@@ -51,11 +51,18 @@ def _make_backend(kind, tmp_path_factory, image_root, stack):
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def service(request, tmp_path_factory, image_root):
+  """The service on one backend, with two tenants and an admin: `api_key` is alice's,
+  `keys` = {"alice": .., "bob": .., "admin": ..}."""
   import contextlib
+  import secrets
+  keys = {name: secrets.token_urlsafe(18) for name in ("alice", "bob", "admin")}
   with contextlib.ExitStack() as stack:
     backend = _make_backend(request.param, tmp_path_factory, image_root, stack)
-    svc = stack.enter_context(Orchestrator(backend, config=make_config()))
+    svc = stack.enter_context(Orchestrator(
+        backend, config=make_config(), api_keys={"alice": keys["alice"], "bob": keys["bob"]},
+        admin_keys={"ops": keys["admin"]}))
     svc.backend_kind = request.param
+    svc.keys = keys
     yield svc
 
 

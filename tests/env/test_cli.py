@@ -32,18 +32,64 @@ def test_good_arguments_pass_the_checks():
   assert args.port == 0
 
 
-def test_a_backend_that_cannot_start_ends_with_one_line_naming_the_cause(tmp_path, capsys):
-  """uvicorn exits with status 3 when the lifespan fails, so the closing 'did not start' line
-  never came; the last line was uvicorn's 'Application startup failed. Exiting.' (walkthrough:
-  serve --backend kubernetes without a kubeconfig)."""
-  with pytest.raises(SystemExit) as exit_info:
-    cli.main(["serve", "--backend", "kubernetes", "--kubeconfig", str(tmp_path / "nope"),
-              "--port", "0", "--api-keys-file", _keys(tmp_path)])
-  assert str(exit_info.value.code).startswith(
-      "Orchard Env did not start: cannot load the Kubernetes configuration")
-
-
 def _keys(tmp_path):
   path = tmp_path / "keys.txt"
   path.write_text("secret\n")
   return str(path)
+
+
+def test_image_root_and_public_url_are_checked(tmp_path, capsys):
+  for argv, expected in ((["--image-root", str(tmp_path / "missing")], "is not a folder"),
+                         (["--public-url", "example.org"], "must start with http")):
+    with pytest.raises(SystemExit) as exit_info:
+      cli.main(["serve", *argv])
+    assert exit_info.value.code == 2 and expected in capsys.readouterr().err
+
+
+def _serve(tmp_path, *argv, timeout=60):
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = dict(os.environ, PYTHONPATH=root, ORCHARD_ENV_API_KEYS="secret")
+  return subprocess.Popen([sys.executable, "-m", "orchard_jax.env", "serve", *argv], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_startup_failure_is_one_line_without_a_traceback(tmp_path):
+  process = _serve(tmp_path, "--backend", "kubernetes", "--kubeconfig", str(tmp_path / "nope"),
+                   "--port", "0")
+  out, err = process.communicate(timeout=120)
+  assert process.returncode == 1
+  assert "Traceback" not in out + err and " on http://" not in out
+  assert err.strip().splitlines()[-1].startswith(
+      "Orchard Env did not start: cannot load the Kubernetes configuration")
+
+
+def test_a_port_in_use_is_one_line(tmp_path):
+  import socket
+  with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    process = _serve(tmp_path, "--port", str(port), "--state-dir", str(tmp_path / "state"))
+    out, err = process.communicate(timeout=120)
+  assert process.returncode == 1 and "Traceback" not in err
+  assert err.strip() == f"Orchard Env cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+def test_the_url_is_printed_once_the_port_answers(tmp_path):
+  import httpx
+  process = _serve(tmp_path, "--port", "0", "--state-dir", str(tmp_path / "state"),
+                   "--log-level", "warning")
+  try:
+    line = process.stdout.readline()
+    assert line.startswith("Orchard Env (local) on http://127.0.0.1:"), line
+    url = line.split(" on ", 1)[1].strip()
+    assert not url.endswith(":0")
+    assert httpx.get(url + "/health", timeout=5).json()["status"] == "ok"   # no retry needed
+  finally:
+    process.terminate()
+    out, err = process.communicate(timeout=60)
+  # uvicorn ends with the signal it handled (after the sandboxes were deleted)
+  assert process.returncode in (0, -15) and "Traceback" not in err, err

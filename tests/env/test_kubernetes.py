@@ -90,6 +90,7 @@ def test_reconcile_deletes_orphans_drops_ghosts_and_skips_when_listing_fails(tmp
     backend = KubernetesBackend(_config(), api_client=api)
     with orchard_env.Orchestrator(backend, store=store, config=make_config()) as service:
       service_call = service.call
+      ghost["tenant"] = service.tenants.lookup(service.api_key).tenant   # the client's own
       service_call(store.put(env_store.SANDBOX, ghost["id"], ghost))
       report = service_call(service.manager.reconcile())
       assert report["skipped"] is True

@@ -14,6 +14,7 @@ $ORCHARD_AGENT_TOKEN (removed from the environment commands see).
 """
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import hmac
 import os
@@ -172,28 +173,66 @@ def build_app(token: str, workdir: str = "/") -> fastapi.FastAPI:
 
   @router.get("/files")
   async def read_file(path: str):
+    """The file's bytes, streamed, with its size in Content-Length; anything but a regular
+    file (a FIFO, device, socket, or a symlink to one) is refused at once."""
     try:
-      with open(path, "rb") as f:
-        return responses.Response(f.read(), media_type="application/octet-stream")
+      fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
       raise fastapi.HTTPException(404, f"{path} does not exist") from None
     except OSError as e:
       raise fastapi.HTTPException(422, f"{path}: {e.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+      os.close(fd)
+      what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+      raise fastapi.HTTPException(422, f"{path}: is {what}; only regular files can be "
+                                       f"downloaded")
+    os.set_blocking(fd, True)
+
+    def chunks():
+      left = st.st_size   # no more than announced, even if the file grows
+      try:
+        while left > 0:
+          chunk = os.read(fd, min(1 << 20, left))
+          if not chunk:
+            return
+          left -= len(chunk)
+          yield chunk
+      finally:
+        os.close(fd)
+    return responses.StreamingResponse(chunks(), media_type="application/octet-stream",
+                                       headers={"Content-Length": str(st.st_size)})
 
   @router.put("/files")
   async def write_file(path: str, request: fastapi.Request, mode: str = "644"):
-    data = await request.body()
+    """Streams the body into a temporary file beside `path`, renamed over it only once the
+    whole body has arrived; an upload cut short leaves nothing."""
+    tmp = f"{path}.orchard-upload-{secrets.token_hex(4)}"
+    total = 0
     try:
+      bits = int(mode, 8)
       os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
-      tmp = f"{path}.orchard-upload-{secrets.token_hex(4)}"
-      fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, int(mode, 8))
-      with os.fdopen(fd, "wb") as f:
-        f.write(data)
-      os.chmod(tmp, int(mode, 8))
+      fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                   bits)
+      try:
+        async for chunk in request.stream():
+          view = memoryview(chunk)
+          while view:
+            view = view[os.write(fd, view):]
+          total += len(chunk)
+        os.fchmod(fd, bits)
+      finally:
+        os.close(fd)
       os.rename(tmp, path)
-    except OSError as e:
-      raise fastapi.HTTPException(422, f"{path}: {e.strerror}") from None
-    return {"path": path, "size": len(data)}
+    except (OSError, ValueError) as e:
+      with contextlib.suppress(OSError):
+        os.unlink(tmp)
+      raise fastapi.HTTPException(422, f"{path}: {getattr(e, 'strerror', None) or e}") from None
+    except BaseException:
+      with contextlib.suppress(OSError):
+        os.unlink(tmp)
+      raise
+    return {"path": path, "size": total}
 
   @router.get("/files/list")
   async def list_files(path: str):

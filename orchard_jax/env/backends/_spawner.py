@@ -317,15 +317,23 @@ def _file_op(req, fds):
   action = req["action"]
   try:
     if action == "read":
-      fd = os.open(path, os.O_RDONLY | os.O_NOCTTY)
+      # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused just below.
+      fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
       st = os.fstat(fd)
-      if stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+      if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(st.st_mode):
+          raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        raise OSError(errno.EINVAL, f"is a {_kind(st.st_mode)}, not a regular file: only "
+                      f"regular files can be downloaded")
+      os.set_blocking(fd, True)
       _write_json(reply, {"ok": True, "size": st.st_size})
-      while True:
-        chunk = os.read(fd, 1 << 20)
+      left = st.st_size   # no more than the size announced, even if the file grows
+      while left > 0:
+        chunk = os.read(fd, min(1 << 20, left))
         if not chunk:
           break
+        left -= len(chunk)
         view = memoryview(chunk)
         while view:
           n = os.write(reply, view)
@@ -335,8 +343,11 @@ def _file_op(req, fds):
       parent = os.path.dirname(path)
       if parent and req.get("make_parents", True):
         os.makedirs(parent, exist_ok=True)
+      if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "is a directory", path)
       tmp = f"{path}.orchard-upload-{os.getpid()}"
-      fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, req.get("mode", 0o644))
+      fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                   req.get("mode", 0o644))
       total = 0
       try:
         while True:
@@ -350,10 +361,16 @@ def _file_op(req, fds):
           total += len(chunk)
         os.fchmod(fd, req.get("mode", 0o644))
         os.close(fd)
-        if total != req.get("size", total):
-          raise OSError(errno.EIO, f"received {total} of {req['size']} bytes")
+        fd = None
+        # The service confirms the upload is whole by writing its byte count; a closed pipe
+        # without it means the upload was cut (limit, client gone): nothing is kept.
+        confirmed = os.read(fds["commit"], 64)
+        if confirmed != str(total).encode():
+          raise OSError(errno.ECANCELED, f"upload cut after {total} bytes")
         os.rename(tmp, path)
       except BaseException:
+        if fd is not None:
+          os.close(fd)
         try:
           os.unlink(tmp)
         except OSError:
@@ -377,6 +394,14 @@ def _file_op(req, fds):
     _write_json(reply, {"ok": False, "errno": e.errno, "error": f"{path}: {e.strerror or e}"})
   except Exception as e:  # noqa: BLE001 - reported to the orchestrator
     _write_json(reply, {"ok": False, "errno": None, "error": f"{path}: {e}"})
+
+
+def _kind(mode):
+  for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                     (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
+    if test(mode):
+      return name
+  return "special file"
 
 
 def _describe(path, name, st):

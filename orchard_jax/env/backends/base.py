@@ -30,6 +30,7 @@ class SandboxSpec:
     env: environment added to every command.
     labels: free-form string labels (listing filters, Kubernetes labels).
     workdir: workspace path overriding the image's, or None.
+    tenant: the tenant that owns the sandbox (a Kubernetes label), or None.
   """
   image: str = "host"
   cpu: Optional[float] = None
@@ -41,6 +42,7 @@ class SandboxSpec:
   env: dict = dataclasses.field(default_factory=dict)
   labels: dict = dataclasses.field(default_factory=dict)
   workdir: Optional[str] = None
+  tenant: Optional[str] = None
 
 
 class PtySession(abc.ABC):

@@ -21,6 +21,7 @@ MANAGED_BY = "orchard-env"
 LABEL_MANAGED = "app.kubernetes.io/managed-by"
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_SANDBOX = "orchard.dev/sandbox-id"
+LABEL_TENANT = "orchard.dev/tenant"
 ANNOTATION_LABELS = "orchard.dev/labels"
 DENY_EGRESS_POLICY = "orchard-sandboxes-deny-egress"
 AGENT_VOLUME = "orchard-agent"
@@ -104,7 +105,8 @@ def render_pod(sandbox_id: str, *, image: str, token: str, config: KubernetesCon
                cpu: Optional[float] = None, memory: Optional[int] = None,
                disk: Optional[int] = None, env: Optional[dict] = None,
                labels: Optional[dict] = None, workdir: Optional[str] = None,
-               network: bool = False, egress: Optional[list] = None) -> dict:
+               network: bool = False, egress: Optional[list] = None,
+               tenant: Optional[str] = None) -> dict:
   """The Pod manifest of one sandbox (see the module docstring).
 
   Args:
@@ -122,6 +124,8 @@ def render_pod(sandbox_id: str, *, image: str, token: str, config: KubernetesCon
     limits["ephemeral-storage"] = requests["ephemeral-storage"] = str(disk)
   pod_labels = {LABEL_MANAGED: MANAGED_BY, LABEL_NAME: "orchard-sandbox",
                 LABEL_SANDBOX: sandbox_id, "orchard.dev/network": "allowed" if network else "blocked"}
+  if tenant is not None:   # the owner, also in the service's store (tenant names are label values)
+    pod_labels[LABEL_TENANT] = tenant
   container_env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                    {"name": "ORCHARD_AGENT_TOKEN", "value": token},
                    {"name": "ORCHARD_WORKDIR", "value": workdir}]

@@ -31,8 +31,8 @@ from orchard_jax.env import jobs as _jobs
 from orchard_jax.env.backends import k8s_manifests as _m
 from orchard_jax.env.backends.base import Backend, PtySession, SandboxSpec
 from orchard_jax.env.errors import (BackendUnavailable, FileOperationError, ImageError,
-                                    InvalidRequest, LimitNotEnforceable, SandboxFailed,
-                                    SandboxFileNotFound)
+                                    InvalidRequest, LimitNotEnforceable, PayloadTooLarge,
+                                    SandboxFailed, SandboxFileNotFound)
 
 _log = logging.getLogger("orchard_jax.env.kubernetes")
 KubernetesConfig = _m.KubernetesConfig
@@ -235,7 +235,7 @@ class KubernetesBackend(Backend):
     pod = _m.render_pod(sandbox_id, image=self._image(spec), token=token, config=self.config,
                         cpu=spec.cpu, memory=spec.memory, disk=spec.disk, env=spec.env,
                         labels=spec.labels, workdir=workdir, network=spec.network,
-                        egress=egress)
+                        egress=egress, tenant=spec.tenant)
     name = pod["metadata"]["name"]
     event = self._waiters.setdefault(name, asyncio.Event())
     try:
@@ -348,15 +348,59 @@ class KubernetesBackend(Backend):
     if response.status_code != 404:
       _raise_agent(response, "cancel a command")
 
-  async def read_file(self, sandbox_id, ref, path):
-    response = await self._call(ref, "GET", "/files", params={"path": path}, timeout=300)
-    _raise_agent(response, f"read {path!r}")
-    return response.content
+  async def read_file(self, sandbox_id, ref, path, limit=None):
+    """(size, async iterator of the bytes), streamed from the agent; refused before any byte
+    if the agent refuses it (not a regular file) or it is over `limit` bytes."""
+    request = self._http.build_request(
+        "GET", self._agent(ref, "/files"), params={"path": path},
+        headers={"Authorization": f"Bearer {ref['token']}"}, timeout=300)
+    try:
+      response = await self._http.send(request, stream=True)
+    except httpx.TransportError as e:
+      raise SandboxFailed(f"the agent of pod {ref['pod']} did not answer: {e!r}") from None
+    if response.status_code >= 400:
+      await response.aread()
+      await response.aclose()
+      _raise_agent(response, f"read {path!r}")
+    size = int(response.headers.get("content-length", -1))
+    if size < 0 or (limit is not None and size > limit):
+      await response.aclose()
+      if size < 0:
+        raise FileOperationError(f"read {path!r}: the agent did not say the file's size")
+      raise PayloadTooLarge(f"{path!r} in sandbox {sandbox_id!r} is {size} bytes; the "
+                            f"service's max_file_bytes is {limit}")
 
-  async def write_file(self, sandbox_id, ref, path, data, mode):
+    async def chunks():
+      left = size
+      try:
+        async for chunk in response.aiter_raw():
+          chunk = chunk[:left]
+          left -= len(chunk)
+          if chunk:
+            yield chunk
+          if left <= 0:
+            break
+      finally:
+        await response.aclose()
+    return size, chunks()
+
+  async def write_file(self, sandbox_id, ref, path, chunks, mode):
+    """Streams `chunks` to the agent, which keeps the file only if the upload completes."""
+    sent = 0
+
+    async def body():
+      nonlocal sent
+      if isinstance(chunks, (bytes, bytearray)):
+        sent += len(chunks)
+        yield bytes(chunks)
+        return
+      async for chunk in chunks:
+        sent += len(chunk)
+        yield chunk
     response = await self._call(ref, "PUT", "/files", params={"path": path,
-                                "mode": format(mode, "o")}, content=data, timeout=300)
+                                "mode": format(mode, "o")}, content=body(), timeout=300)
     _raise_agent(response, f"write {path!r}")
+    return response.json().get("size", sent)
 
   async def list_files(self, sandbox_id, ref, path):
     response = await self._call(ref, "GET", "/files/list", params={"path": path})

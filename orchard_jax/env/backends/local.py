@@ -36,10 +36,11 @@ from orchard_jax.env import images as _images
 from orchard_jax.env import seccomp as _seccomp
 from orchard_jax.env.backends import _cgroups
 from orchard_jax.env.backends import _network
+from orchard_jax.env.backends import _pipes
 from orchard_jax.env.backends.base import Backend, PtySession, SandboxSpec
 from orchard_jax.env.errors import (BackendUnavailable, EnvError, FileOperationError,
-                                    InvalidRequest, LimitNotEnforceable, SandboxFailed,
-                                    SandboxFileNotFound)
+                                    InvalidRequest, LimitNotEnforceable, PayloadTooLarge,
+                                    SandboxFailed, SandboxFileNotFound)
 
 _log = logging.getLogger("orchard_jax.env.local")
 _SPAWNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_spawner.py")
@@ -178,6 +179,9 @@ class LocalBackend(Backend):
   def describe(self) -> dict:
     available = self._cgroups.available if self._cgroups else {c: False for c in _cgroups.CONTROLLERS}
     return {"backend": self.name, "limits": dict(available, disk=True),
+            "default_disk": self.default_disk,
+            "disk": "the workspace and /tmp are each a tmpfs of `disk` bytes; their pages count "
+                    "toward `memory`",
             "spawner_alive": self._spawner is not None and self._spawner.poll() is None,
             "limit_problems": dict(self._cgroups.problems) if self._cgroups else {},
             "isolation": {"namespaces": ["pid", "mount", "ipc", "uts", "cgroup", "net"] +
@@ -282,7 +286,7 @@ class LocalBackend(Backend):
   async def create(self, sandbox_id: str, spec: SandboxSpec) -> dict:
     image = _images.resolve_image(spec.image, allowed_roots=self.image_roots)
     workdir = spec.workdir or image.workdir
-    disk = spec.disk or self.default_disk
+    disk = spec.disk if spec.disk is not None else self.default_disk
     pids = spec.pids if spec.pids is not None else self.default_pids
     self._write_meta(sandbox_id, {})   # first, so other services see who owns what follows
     try:
@@ -652,46 +656,87 @@ class LocalBackend(Backend):
     return await self._run(self._box(sandbox_id), spec)
 
   # ------------------------------------------------------------------ files
-  async def _file(self, box, request, data: Optional[bytes] = None):
+  def _start_file_op(self, box, request, *, data: bool = False):
+    """Sends one file operation to the spawner; returns (PipeReader of the reply, the write
+    end of the data pipe or None, the write end of the commit pipe or None)."""
     reply_r, reply_w = os.pipe2(os.O_CLOEXEC)
     fds = [("reply", reply_w), ("pidfd", box.pidfd)]
-    data_w = None
-    if data is not None:
+    data_r = data_w = commit_r = commit_w = None
+    if data:
       data_r, data_w = os.pipe2(os.O_CLOEXEC)
-      fds.append(("data", data_r))
+      commit_r, commit_w = os.pipe2(os.O_CLOEXEC)
+      fds += [("data", data_r), ("commit", commit_r)]
     try:
       self._send(dict(request, op="file", cgroups=box.procs, ns_flags=box.ns_flags,
                       creds=self.creds), fds)
+    except OSError as e:
+      _network.close_quietly(reply_r, data_w, commit_w)
+      raise SandboxFailed(f"cannot reach the spawner: {e}") from None
     finally:
-      os.close(reply_w)
-      if data is not None:
-        os.close(data_r)
-    if data_w is not None:
-      asyncio.ensure_future(_feed(data_w, data))
-    raw = await _read_all(reply_r)
-    header, _, body = raw.partition(b"\n")
+      _network.close_quietly(reply_w, data_r, commit_r)
+    return _pipes.PipeReader(reply_r), data_w, commit_w
+
+  async def _file_answer(self, box, request, reply) -> dict:
+    """The JSON header of a file operation's reply, or the EnvError it reports."""
+    header = await reply.readline()
     try:
       head = json.loads(header)
     except ValueError:
+      reply.close()
       raise FileOperationError(f"file operation on {request['path']!r} in {box.id!r} failed "
                                f"without an answer (the sandbox may have died)") from None
     if not head.get("ok"):
+      reply.close()
       if head.get("errno") == 2:
         raise SandboxFileNotFound(f"{request['path']!r} does not exist in sandbox {box.id!r}")
       raise FileOperationError(f"{request['action']} {request['path']!r} in sandbox "
                                f"{box.id!r} failed: {head.get('error')}")
-    return head, body
+    return head
 
-  async def read_file(self, sandbox_id, ref, path):
-    _, body = await self._file(self._box(sandbox_id), {"action": "read", "path": path})
-    return body
+  async def read_file(self, sandbox_id, ref, path, limit=None):
+    """(size, async iterator of the file's bytes); refuses anything but a regular file at
+    once, and a file over `limit` bytes (PayloadTooLarge) before sending any of it."""
+    box = self._box(sandbox_id)
+    request = {"action": "read", "path": path}
+    reply, _, _ = self._start_file_op(box, request)
+    head = await self._file_answer(box, request, reply)
+    size = head["size"]
+    if limit is not None and size > limit:
+      reply.close()
+      raise PayloadTooLarge(f"{path!r} in sandbox {sandbox_id!r} is {size} bytes; the "
+                            f"service's max_file_bytes is {limit}")
+    return size, reply.chunks(size)
 
-  async def write_file(self, sandbox_id, ref, path, data, mode):
-    await self._file(self._box(sandbox_id), {"action": "write", "path": path, "mode": mode,
-                                             "size": len(data)}, data)
+  async def write_file(self, sandbox_id, ref, path, chunks, mode):
+    """Streams `chunks` (an async iterable of bytes) into `path`, atomically: the file
+    appears only once every byte arrived (an error or a limit raised while iterating leaves
+    nothing behind). Returns the bytes written."""
+    box = self._box(sandbox_id)
+    request = {"action": "write", "path": path, "mode": mode}
+    reply, data_w, commit_w = self._start_file_op(box, request, data=True)
+    try:
+      total = await _pipes.write_all(data_w, _as_async(chunks))
+      os.close(data_w)
+      data_w = None
+      os.write(commit_w, str(total).encode())
+    except BaseException:
+      reply.close()
+      raise
+    finally:
+      _network.close_quietly(data_w, commit_w)
+    head = await self._file_answer(box, request, reply)
+    reply.close()
+    if head.get("size") != total:
+      raise FileOperationError(f"write {path!r} in sandbox {sandbox_id!r}: {head.get('size')} "
+                               f"of {total} bytes arrived")
+    return total
 
   async def list_files(self, sandbox_id, ref, path):
-    head, _ = await self._file(self._box(sandbox_id), {"action": "list", "path": path})
+    box = self._box(sandbox_id)
+    request = {"action": "list", "path": path}
+    reply, _, _ = self._start_file_op(box, request)
+    head = await self._file_answer(box, request, reply)
+    reply.close()
     return head["entries"]
 
   async def stats(self, sandbox_id, ref):
@@ -940,6 +985,18 @@ def _popen_spawner(child_sock, program: bytes = b""):
                            program.hex()],
                           pass_fds=[child_sock.fileno()], stdin=subprocess.DEVNULL,
                           start_new_session=True)
+
+
+async def _as_async(chunks):
+  if isinstance(chunks, (bytes, bytearray, memoryview)):
+    yield bytes(chunks)
+    return
+  if hasattr(chunks, "__aiter__"):
+    async for chunk in chunks:
+      yield chunk
+  else:
+    for chunk in chunks:
+      yield chunk
 
 
 def _data_fd(data: bytes) -> int:
