@@ -78,7 +78,11 @@ def load_task_set(tasks: ConfigDict, *, progress: bool = True) -> list[SWEInstan
                         "JSONL/JSON/parquet file, a datasets folder or a hub name") from e
     except InstanceError as e:
       raise ConfigError(f"tasks.dataset: {e}") from e
-    instances = prepare_dataset(tasks, instances, progress=progress)
+    instances = instances[:limit] if limit else instances
+    if tasks.get("cluster_images") or any(i.test_spec is None for i in instances) and (
+        tasks.get("mirrors") or tasks.get("url_template")):
+      instances = prepare_dataset(tasks, instances, progress=progress)
+    return instances
   else:
     task_set = builder.build_task_set(build_settings(tasks), output_dir=tasks.output_dir or None,
                                       rebuild=bool(tasks.rebuild), progress=progress)
@@ -98,8 +102,9 @@ def dataset_settings(tasks: ConfigDict):
   return repo_env.DatasetSettings(
       source=repo_env.RepoSource(mirrors=tasks.get("mirrors", ""),
                                  url_template=tasks.get("url_template", "")),
-      specs=tasks.get("specs", ""), workers=int(tasks.workers),
-      test_timeout_s=max(float(tasks.test_timeout_s), 300.0), rootfs=tasks.get("rootfs", ""))
+      specs=tasks.get("specs", ""), workers=int(tasks.get("workers", 2)),
+      test_timeout_s=max(float(tasks.get("test_timeout_s", 300.0)), 300.0),
+      rootfs=tasks.get("rootfs", ""))
 
 
 def _build_dir(tasks: ConfigDict) -> str:

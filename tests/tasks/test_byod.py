@@ -206,3 +206,31 @@ def test_evaluation_refuses_instances_without_test_spec_before_any_sandbox(datas
                                     sandbox_factory=lambda i: opened.append(i), output_dir="/tmp/x",
                                     progress=False)
   assert opened == []
+
+
+def test_rl_trains_on_a_dataset_of_upstream_fixes(dataset, tmp_path):
+  # The RL recipe (BAR, tiny preset, one iteration) on the collected instances as a plain
+  # SWE-bench file: no test_spec, so the job builds their images from the mirrors first.
+  import contextlib
+  import io
+  from experiments import swe_bar
+  from orchard_jax.tasks.swe.instance import save_instances
+  from tests.recipes import conftest
+  tmp, _, instances, _ = dataset
+  path = save_instances(instances, str(tmp_path / "upstream.jsonl"))
+  config = conftest.mini_config(swe_bar, tmp_path, path,
+                                sft_source=conftest.sft_folder(tmp_path, instances))
+  config.tasks.mirrors = os.path.join(tmp, "mirrors")
+  config.tasks.build_dir = str(tmp_path / "build")
+  config.rl.iterations = 1
+  config.eval.update(dict(k=1, max_instances=1))
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    result = swe.rl(config)
+  stdout = out.getvalue()
+  assert "dataset build: 2 instances: built 2" in stdout
+  assert "[it 1/1]" in stdout and "eval[train]" in stdout
+  (stats,) = result["iterations"]
+  assert stats["bar/rollouts"] >= 4
+  trained = json.load(open(os.path.join(config.workdir, "tasks.json")))["train"]
+  assert sorted(trained) == sorted(i.instance_id for i in instances)
