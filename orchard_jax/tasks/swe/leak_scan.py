@@ -10,8 +10,9 @@ fix, in three forms:
   text     a file of the same kind as a patched file (same suffix) that contains every hunk of
            the gold patch in its fixed form: the hunk's context and added lines, contiguous,
            compared line by line with trailing whitespace ignored. A hunk's fixed block with
-           fewer than two non-blank lines is too generic to count and is left out; a patch
-           with no countable block is not scanned as text.
+           fewer than two non-blank lines is too generic to count, and one found within its own
+           unfixed form (a whitespace-only change, lines deleted at a file's edge) proves
+           nothing: both are left out; a patch with no countable block is not scanned as text.
   archive  the same test on the members of .whl / .zip / .egg archives.
   git      a git repository (a folder with HEAD and objects/) that has the fixed file's blob
            (the gold patch applied to `base_commit`, hashed as git does) as an object.
@@ -76,13 +77,16 @@ def fixed_sources(patch: str, *, repo: str | None = None,
       blob id is computed as well (the patch applied to a temporary index).
   """
   files: dict[str, list[tuple[str, ...]]] = {}
-  current, block, in_hunk = None, [], False
+  current, block, before, in_hunk = None, [], [], False
 
   def close():
-    nonlocal block
-    if current is not None and block and sum(1 for l in block if l.strip()) >= 2:
+    nonlocal block, before
+    # A block found in its own unfixed form once trailing whitespace is ignored (a
+    # whitespace-only hunk, lines deleted at a file's edge) is in the workspace already.
+    if (current is not None and block and sum(1 for l in block if l.strip()) >= 2
+        and "\n" + "\n".join(block) + "\n" not in "\n" + "\n".join(before) + "\n"):
       files.setdefault(current, []).append(tuple(block))
-    block = []
+    block, before = [], []
 
   for line in patch.splitlines():
     if line.startswith("diff --git "):
@@ -96,8 +100,11 @@ def fixed_sources(patch: str, *, repo: str | None = None,
     elif line.startswith("@@"):
       close()
       in_hunk = current is not None
-    elif in_hunk and line[:1] in (" ", "+"):
-      block.append(line[1:].rstrip())
+    elif in_hunk and line[:1] in (" ", "+", "-"):
+      if line[:1] != "-":
+        block.append(line[1:].rstrip())
+      if line[:1] != "+":
+        before.append(line[1:].rstrip())
     elif in_hunk and line.startswith("\\"):
       continue
   close()
