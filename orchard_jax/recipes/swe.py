@@ -268,6 +268,12 @@ def evaluate(config: ConfigDict) -> evaluation.EvalSummary:
   output_dir = os.path.join(config.workdir or config.output_dir, name)
   missing = [i.instance_id for i in instances if i.instance_id in predictions and i.test_spec
              is None]
+  if not config.env.url:                       # the local backend reads image directories
+    absent = [i.test_spec.image for i in instances if i.test_spec is not None and
+              i.test_spec.image.startswith("/") and not os.path.isdir(i.test_spec.image)]
+    if absent:
+      raise ConfigError(f"tasks.dataset: {len(absent)} instance image director(ies) do not exist "
+                        f"(e.g. {absent[0]}); rebuild them or drop test_spec to build anew")
   if missing:                                  # refused before the first sandbox starts
     raise ConfigError(f"tasks.dataset: {len(missing)} instance(s) have no test_spec (e.g. "
                       f"{missing[:3]}); set tasks.build_environments=True (and tasks.repo_source) "

@@ -234,3 +234,53 @@ def test_rl_trains_on_a_dataset_of_upstream_fixes(dataset, tmp_path):
   assert stats["bar/rollouts"] >= 4
   trained = json.load(open(os.path.join(config.workdir, "tasks.json")))["train"]
   assert sorted(trained) == sorted(i.instance_id for i in instances)
+
+
+def test_run_exits_nonzero_naming_the_instances_in_error(dataset, tmp_path):
+  # One instance whose workspace cannot be set up (its seed is no repository): the sandbox
+  # starts, the evaluation ends in `error`, and launch/run.py says how many and exits 1.
+  import sys
+  from orchard_jax.env.images import write_image_manifest
+  from orchard_jax.tasks.swe import rootfs
+  from orchard_jax.tasks.swe.instance import save_instances
+  _, _, _, build = dataset
+  good = build.instances[0]
+  broken_dir = os.path.join(os.path.dirname(good.test_spec.image), "test-broken-seed")
+  os.makedirs(os.path.join(broken_dir, "seed"), exist_ok=True)
+  write_image_manifest(broken_dir, base="rootfs", rootfs=rootfs.build_rootfs().path,
+                       workdir="/testbed", workspace_seed="seed")
+  import dataclasses
+  broken = good.replace(instance_id="upstream__broken-1", test_spec=dataclasses.replace(
+      good.test_spec, image=broken_dir))
+  path = save_instances([good, broken], str(tmp_path / "two.jsonl"))
+  proc = subprocess.run([sys.executable, "launch/run.py", "--config", "experiments/swe_eval.py",
+                         f"--config.tasks.dataset={path}", "--config.predictions=gold",
+                         f"--config.output_dir={tmp_path / 'eval'}", "--config.progress=False"],
+                        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(
+                            os.path.dirname(os.path.abspath(__file__)))))
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  assert "error: 1 of 2 instance(s) ended in error" in proc.stderr
+  assert "upstream__broken-1" in proc.stderr
+  missing = good.replace(test_spec=dataclasses.replace(good.test_spec, image=broken_dir + "-no"))
+  path = save_instances([missing], str(tmp_path / "missing.jsonl"))
+  proc = subprocess.run([sys.executable, "launch/run.py", "--config", "experiments/swe_eval.py",
+                         f"--config.tasks.dataset={path}", "--config.predictions=gold",
+                         f"--config.output_dir={tmp_path / 'eval2'}"],
+                        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(
+                            os.path.dirname(os.path.abspath(__file__)))))
+  assert proc.returncode == 2 and "do not exist" in proc.stderr.strip().splitlines()[-1]
+  assert not (tmp_path / "eval2").exists()
+
+
+def test_cluster_images_follow_swe_bench_naming(dataset):
+  from orchard_jax.tasks.swe import dataset as byod
+  _, _, instances, _ = dataset
+  mapped = byod.with_cluster_images(instances, "swebench")
+  assert mapped[0].test_spec.image == (
+      f"swebench/sweb.eval.x86_64.upstream_1776_clampy-{instances[0].instance_id[-10:]}:latest")
+  assert mapped[0].test_spec.test_files == ("tests/test_core.py",)
+  assert "/opt/miniconda3/envs/testbed/bin" in mapped[0].test_spec.env["PATH"]
+  ours = byod.with_cluster_images(instances, "registry.local:5000/orchard")
+  assert ours[1].test_spec.image.startswith("registry.local:5000/orchard/sweb.eval.x86_64.")
+  assert byod.container_image("django__django-11099") == (
+      "swebench/sweb.eval.x86_64.django_1776_django-11099:latest")
