@@ -33,6 +33,8 @@ def swe_tasks():
       # evaluation images by their documented names; "registry/prefix" names images this
       # builder's instances were pushed under (<prefix>/sweb.eval.x86_64.<id>:latest).
       cluster_images="",
+      push_registry="",           # swe.build_tasks: push built (validated) images there as OCI
+      registry_tls_verify=True,   # images under SWE-bench's naming (skopeo)
   ))
 
 

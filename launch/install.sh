@@ -22,8 +22,10 @@ as_root() {
 # network=True sandboxes (own namespace, no host loopback); libseccomp2: their seccomp
 # filter; redis-server: the
 # multi-replica env store; git, patch: inside SWE task sandboxes; mmdebstrap: the Debian root
-# filesystem of SWE task images.
-apt_packages=(bubblewrap slirp4netns libseccomp2 redis-server git patch mmdebstrap)
+# filesystem of SWE task images; skopeo: pushes them to a registry (docker-registry: a local
+# one for the tests).
+apt_packages=(bubblewrap slirp4netns libseccomp2 redis-server git patch mmdebstrap skopeo
+              docker-registry)
 if [[ $skip != *,apt,* ]]; then
   missing=()
   for p in "${apt_packages[@]}"; do

@@ -184,6 +184,18 @@ def build_dataset_job(config: ConfigDict) -> DatasetJobResult:
           build.instances, sandbox_factory(client), output_dir=os.path.join(out, "validate"),
           max_workers=int(config.env.max_parallel), progress=progress)
     print(result.validation.summary(), flush=True)
+  if tasks.get("push_registry"):
+    from orchard_jax.tasks.swe import oci
+    from orchard_jax.tasks.swe.instance import save_instances
+    chosen = result.validation.instances if result.validation else build.instances
+    try:
+      pushed = oci.push_instances(chosen, tasks.push_registry, layout=os.path.join(out, "oci"),
+                                  tls_verify=bool(tasks.get("registry_tls_verify", True)))
+    except BuildError as e:
+      raise ConfigError(f"tasks.push_registry: {e}") from e
+    path = save_instances(pushed, os.path.join(out, "pushed", "instances.jsonl"))
+    print(f"pushed {len(pushed)} image(s) to {tasks.push_registry}; instances naming them: "
+          f"{path}", flush=True)
   return result
 
 

@@ -284,3 +284,48 @@ def test_cluster_images_follow_swe_bench_naming(dataset):
   assert ours[1].test_spec.image.startswith("registry.local:5000/orchard/sweb.eval.x86_64.")
   assert byod.container_image("django__django-11099") == (
       "swebench/sweb.eval.x86_64.django_1776_django-11099:latest")
+
+
+def test_instance_images_push_to_a_registry_under_swe_bench_names(dataset, tmp_path):
+  # The cluster path with images of our own: export one instance's image as OCI layers, push
+  # it with skopeo to a registry on loopback (Debian's docker-registry), and read it back.
+  import shutil
+  import socket
+  import tarfile
+  import time
+  from orchard_jax.tasks.swe import oci
+  for tool in ("skopeo", "docker-registry"):
+    assert shutil.which(tool), f"{tool} is installed by launch/install.sh"
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  (tmp_path / "registry.yml").write_text(
+      f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'store'}\n"
+      f"http:\n  addr: 127.0.0.1:{port}\nlog:\n  level: error\n")
+  registry = subprocess.Popen(["docker-registry", "serve", str(tmp_path / "registry.yml")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    for _ in range(100):
+      with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", port)) == 0:
+          break
+      time.sleep(0.1)
+    _, _, _, build = dataset
+    instance = build.instances[1]                      # Python 3.9: four layers
+    (pushed,) = oci.push_instances([instance], f"127.0.0.1:{port}/orchard",
+                                   layout=str(tmp_path / "layout"), tls_verify=False)
+    assert pushed.test_spec.image == (f"127.0.0.1:{port}/orchard/sweb.eval.x86_64."
+                                      f"{instance.instance_id.replace('__', '_1776_')}:latest")
+    info = json.loads(subprocess.run(
+        ["skopeo", "inspect", "--tls-verify=false", f"docker://{pushed.test_spec.image}"],
+        capture_output=True, text=True, check=True).stdout)
+    assert len(info["Layers"]) == 4 and "VIRTUAL_ENV=/venv" in info["Env"]
+    subprocess.run(["skopeo", "copy", "--quiet", "--src-tls-verify=false",
+                    f"docker://{pushed.test_spec.image}", f"dir:{tmp_path / 'back'}"], check=True)
+    seed_layer = tmp_path / "back" / info["Layers"][-1].split(":")[1]
+    with tarfile.open(seed_layer) as layer:
+      shallow = layer.extractfile("testbed/.git/shallow").read().decode().strip()
+    assert shallow == instance.base_commit
+  finally:
+    registry.terminate()
+    registry.wait(timeout=10)
