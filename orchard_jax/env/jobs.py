@@ -70,6 +70,8 @@ class JobResult:
     stdout_dropped_bytes, stderr_dropped_bytes: bytes left out by the cap.
     duration: seconds from start to the end of the main process.
     error: why the job failed or was stopped, in words.
+    oom_killed: the kernel's OOM killer killed a process of the sandbox while the job ran
+      (its memory limit was reached; the workspace and /tmp count toward it).
   """
   status: str
   exit_code: Optional[int] = None
@@ -82,6 +84,8 @@ class JobResult:
   stderr_dropped_bytes: int = 0
   duration: float = 0.0
   error: Optional[str] = None
+  oom_killed: bool = False
+  pid: Optional[int] = dataclasses.field(default=None, repr=False, compare=False)
 
 
 class CappedBuffer:
@@ -334,3 +338,15 @@ def _kill_verified(pid: int, belongs) -> None:
     pass
   finally:
     os.close(fd)
+
+
+def oom_reason(result: JobResult, memory: Optional[int]) -> None:
+  """Marks `result` as an OOM kill and says so in its error (the job's own process was
+  killed, or a process it ran was)."""
+  result.oom_killed = True
+  limit = f" of {memory} bytes" if memory else ""
+  what = ("the command was killed" if result.signal == signal.SIGKILL
+          else "a process of the sandbox was killed")
+  note = (f"{what} by the kernel's OOM killer: the sandbox reached its memory limit{limit} "
+          f"(files in the workspace and /tmp count toward it)")
+  result.error = note if not result.error else f"{result.error}; {note}"

@@ -507,6 +507,7 @@ class SandboxManager:
   async def _record_result(self, job, result: _jobs.JobResult) -> dict:
     final = dict(job, status=result.status, exit_code=result.exit_code, signal=result.signal,
                  duration=result.duration, finished_at=_now(), error=result.error,
+                 oom_killed=result.oom_killed,
                  stdout_total_bytes=result.stdout_total_bytes,
                  stderr_total_bytes=result.stderr_total_bytes,
                  stdout_dropped_bytes=result.stdout_dropped_bytes,
@@ -682,8 +683,12 @@ class SandboxManager:
 
   async def reap(self) -> list:
     """One pass: deletes sandboxes past their TTL, stuck pending, silent past their heartbeat
-    timeout or dead in the backend; forgets old tombstones, jobs and exposures.
+    timeout or dead in the backend; forgets old tombstones, jobs and exposures; has the
+    backend kill what finished commands left holding a sandbox's pids limit.
     Returns [(sandbox id, reason)] of what it deleted."""
+    reclaim = getattr(self.backend, "reclaim", None)
+    if reclaim is not None:
+      await reclaim()
     now = _now()
     reaped = []
     for record in await self.store.list(_store.SANDBOX):

@@ -25,7 +25,10 @@ class ExecResult:
     duration: seconds the command ran.
     stdout_total_bytes, stderr_total_bytes: bytes written in all; *_dropped_bytes: cut by the cap.
     signal: the signal that ended it, if any.
-    error: why it failed or was stopped, in words.
+    error: why it failed or was stopped, in words (an OOM kill and a reclaimed fork bomb
+      are named here).
+    oom_killed: the kernel's OOM killer struck in the sandbox while the command ran: its
+      memory limit (which counts the workspace and /tmp) was reached.
   """
   job_id: str
   sandbox_id: str
@@ -41,6 +44,7 @@ class ExecResult:
   signal: Optional[int] = None
   error: Optional[str] = None
   command: object = None
+  oom_killed: bool = False
 
   @classmethod
   def from_job(cls, job: dict) -> "ExecResult":
@@ -51,7 +55,8 @@ class ExecResult:
                stderr_total_bytes=job.get("stderr_total_bytes", 0),
                stdout_dropped_bytes=job.get("stdout_dropped_bytes", 0),
                stderr_dropped_bytes=job.get("stderr_dropped_bytes", 0),
-               signal=job.get("signal"), error=job.get("error"), command=job.get("command"))
+               signal=job.get("signal"), error=job.get("error"), command=job.get("command"),
+               oom_killed=bool(job.get("oom_killed")))
 
   @property
   def stdout(self) -> str:

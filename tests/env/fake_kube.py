@@ -300,6 +300,9 @@ class FakeCluster:
     if agent_image:
       argv += ["--ro-bind", self.agent_image_dir, "/opt/orchard-agent"]
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for controller, folder in self.cgroups._dirs(pod["metadata"]["name"]).items():
+      if controller in ("memory", "pids"):   # as a runtime shows a container its own cgroup
+        argv += ["--ro-bind", folder, f"/sys/fs/cgroup/{controller}"]
     hosts = "".join(f"{a['ip']}\t{' '.join(a['hostnames'])}\n"
                     for a in pod["spec"].get("hostAliases", []))
     if hosts:   # the kubelet writes hostAliases into the pod's /etc/hosts

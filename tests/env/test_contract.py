@@ -390,3 +390,46 @@ def test_pty_shell_over_websocket(client, service):
         ws.recv(timeout=5)
 
 
+
+
+# ---------------------------------------------------------------------------- reasons
+def test_an_oom_kill_says_so(client):
+  with client.create_sandbox(memory="128Mi") as box:
+    result = box.exec("python3 -c \"x = bytearray(1 << 30)\"", timeout=60)
+    assert result.oom_killed and result.signal == 9, result
+    assert "OOM killer" in result.error and str(128 << 20) in result.error, result.error
+    ok = box.exec("echo fine")
+    assert ok.ok and not ok.oom_killed
+
+
+def test_a_full_disk_is_enospc_not_a_kill(client):
+  # disk 32Mi fits memory 128Mi (2 x 32Mi + 32Mi): writing more than the disk is ENOSPC.
+  with client.create_sandbox(memory="128Mi", disk="32Mi") as box:
+    for folder in (".", "/tmp"):
+      result = box.exec(f"head -c 100000000 /dev/zero > {folder}/big.bin", timeout=60)
+      assert result.status == "finished" and result.signal is None, result
+      assert result.exit_code != 0 and "No space left on device" in result.stderr, result
+      assert not result.oom_killed
+      box.exec(f"rm -f {folder}/big.bin")
+  with pytest.raises(orchard_env.InvalidRequest, match="OOM killer") as refused:
+    client.create_sandbox(memory="128Mi", disk="64Mi")   # 2 x 64Mi > 128Mi - 32Mi
+  assert set(refused.value.details["fields"]) == {"disk", "memory"}
+  with client.create_sandbox(memory="256Mi") as fitted:   # an unspecified disk shrinks to fit
+    assert fitted.info["disk"] == (256 - 32) // 2 << 20
+
+
+def test_a_fork_bomb_left_by_a_finished_command_is_stopped(client, service):
+  pids = 64 if service.backend_kind == "local" else 256
+  with client.create_sandbox(pids=pids) as box:
+    result = box.exec("bomb() { bomb | bomb & }; bomb; echo started")   # returns at once
+    assert result.stdout == "started\n"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+      alive = box.exec("echo alive", timeout=30)
+      if alive.ok and box.exec("ps -e --no-headers | wc -l").stdout.strip() in [
+          str(n) for n in range(1, 8)]:
+        break
+      time.sleep(0.5)
+    assert alive.stdout == "alive\n", alive
+    count = box.exec("ps -e --no-headers | wc -l").stdout.strip()
+    assert int(count) < 8, count   # the placeholder, ps, wc and a shell: the bomb is gone

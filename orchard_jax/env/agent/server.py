@@ -70,6 +70,65 @@ class _Child:
     _jobs.kill_process_tree(self.pid)
 
 
+_CGROUP_FILES = (("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory.max"),     # v2
+                 ("/sys/fs/cgroup/memory/memory.oom_control",                      # v1
+                  "/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
+def _oom_kills():
+  """The container's OOM-kill count (its cgroup's oom_kill), or None where not readable."""
+  for events, _ in _CGROUP_FILES:
+    try:
+      with open(events) as f:
+        for line in f:
+          key, _, value = line.partition(" ")
+          if key == "oom_kill":
+            return int(value)
+    except (OSError, ValueError):
+      continue
+  return None
+
+
+def _pids_limit_hits():
+  for path in ("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events"):
+    try:
+      with open(path) as f:
+        for line in f:
+          key, _, value = line.partition(" ")
+          if key == "max":
+            return int(value)
+    except (OSError, ValueError):
+      continue
+  return None
+
+
+async def _reclaim(sessions, result=None):
+  """Kills the processes left running by finished commands (their session ids)."""
+  left = set()
+  for session in sessions:
+    left.update(p for p in _jobs.process_tree(session) if p != session and p != os.getpid())
+  if not left:
+    return
+  for session in sessions:
+    await asyncio.to_thread(_jobs.kill_process_tree, session,
+                            belongs=lambda pid: pid != os.getpid())
+  if result is not None:
+    note = (f"{len(left)} processes it left running held the sandbox's pids limit and were "
+            f"killed")
+    result.error = note if not result.error else f"{result.error}; {note}"
+
+
+def _memory_limit():
+  for _, limit in _CGROUP_FILES:
+    try:
+      with open(limit) as f:
+        text = f.read().strip()
+      return None if text == "max" else int(text)
+    except (OSError, ValueError):
+      continue
+  return None
+
+
 def _reap_orphans():
   """As pid 1, collect exited processes that are not ours (daemons left by commands)."""
   while True:
@@ -93,6 +152,7 @@ _OURS = set()
 def build_app(token: str, workdir: str = "/") -> fastapi.FastAPI:
   app = fastapi.FastAPI(title="Orchard Env agent")
   running = {}    # job id -> asyncio.Task[JobResult]
+  finished = []   # session ids (= pids) of finished commands, newest last
   cancels = {}
   base_env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
 
@@ -133,11 +193,35 @@ def build_app(token: str, workdir: str = "/") -> fastapi.FastAPI:
     _OURS.add(popen.pid)
     if spec.stdin is not None:
       asyncio.ensure_future(_feed(popen, spec.stdin))
+    oom_before = _oom_kills()
+    hits_before = _pids_limit_hits()
     try:
-      return await _jobs.collect(_Child(popen), out_r, err_r, spec, cancel_event=cancel,
-                                 started=started)
+      result = await _jobs.collect(_Child(popen), out_r, err_r, spec, cancel_event=cancel,
+                                   started=started)
     finally:
       _OURS.discard(popen.pid)
+    if oom_before is not None and (_oom_kills() or 0) > oom_before:
+      _jobs.oom_reason(result, _memory_limit())
+    finished.append(popen.pid)
+    del finished[:-256]
+    if hits_before is not None and (_pids_limit_hits() or 0) > hits_before:
+      await _reclaim([popen.pid], result)
+    return result
+
+  async def _police():
+    """Every second: if the container hit its pids limit, kill what finished commands left
+    running (a fork bomb whose shell returned at once)."""
+    seen = _pids_limit_hits()
+    while seen is not None:
+      await asyncio.sleep(1)
+      hits = _pids_limit_hits() or 0
+      if hits > seen:
+        seen = hits
+        await _reclaim(list(finished))
+
+  @app.on_event("startup")
+  async def _start_police():
+    app.state.police = asyncio.ensure_future(_police())
 
   @router.post("/jobs")
   async def start_job(body: dict):

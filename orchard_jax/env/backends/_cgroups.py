@@ -190,6 +190,28 @@ class CgroupManager:
         pass
     return {k: v for k, v in out.items() if v is not None}
 
+  def oom_kills(self, sandbox_id: str) -> Optional[int]:
+    """How many processes of the sandbox the kernel's OOM killer has killed (its memory
+    limit reached), or None where the memory controller is not in use."""
+    folder = self._dirs(sandbox_id).get("memory")
+    if folder is None:
+      return None
+    name = "memory.oom_control" if self.version["memory"] == 1 else "memory.events"
+    return _read_key(folder, name, "oom_kill")
+
+  def pids_limit_hits(self, sandbox_id: str) -> Optional[int]:
+    """How many times a fork in the sandbox failed at its pids limit, or None."""
+    folder = self._dirs(sandbox_id).get("pids")
+    return None if folder is None else _read_key(folder, "pids.events", "max")
+
+  def close(self) -> None:
+    """Removes this service's (empty) root folders."""
+    for root in set(self.roots.values()):
+      try:
+        os.rmdir(root)
+      except OSError:
+        pass
+
   def kill_all(self, sandbox_id: str, *, timeout: float = 5.0) -> None:
     """SIGKILLs every process in the sandbox's groups until none is left (or timeout)."""
     deadline = time.monotonic() + timeout
@@ -235,6 +257,19 @@ class CgroupManager:
 def _write(folder, name, value):
   with open(os.path.join(folder, name), "w") as f:
     f.write(str(value))
+
+
+def _read_key(folder, name, key):
+  """The integer after `key` in a flat keyed cgroup file ("oom_kill 3"), or None."""
+  try:
+    with open(os.path.join(folder, name)) as f:
+      for line in f:
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == key:
+          return int(parts[1])
+  except (OSError, ValueError):
+    return None
+  return 0
 
 
 def _read_int(folder, name):

@@ -28,6 +28,7 @@ AGENT_VOLUME = "orchard-agent"
 AGENT_MOUNT = "/orchard"
 AGENT_BUNDLE = "/opt/orchard-agent"
 WORKSPACE_VOLUME = "workspace"
+TMP_VOLUME = "tmp"
 PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
                   "169.254.0.0/16", "127.0.0.0/8", "0.0.0.0/8")
 PRIVATE_RANGES_V6 = ("fc00::/7", "fe80::/10", "::1/128")
@@ -120,7 +121,7 @@ def render_pod(sandbox_id: str, *, image: str, token: str, config: KubernetesCon
     limits["cpu"] = requests["cpu"] = _cpu_quantity(cpu)
   if memory is not None:
     limits["memory"] = requests["memory"] = str(memory)
-  if disk is not None:
+  if disk is not None:   # the workspace and /tmp are in memory; this bounds the image's layer
     limits["ephemeral-storage"] = requests["ephemeral-storage"] = str(disk)
   pod_labels = {LABEL_MANAGED: MANAGED_BY, LABEL_NAME: "orchard-sandbox",
                 LABEL_SANDBOX: sandbox_id, "orchard.dev/network": "allowed" if network else "blocked"}
@@ -130,9 +131,15 @@ def render_pod(sandbox_id: str, *, image: str, token: str, config: KubernetesCon
                    {"name": "ORCHARD_AGENT_TOKEN", "value": token},
                    {"name": "ORCHARD_WORKDIR", "value": workdir}]
   container_env += [{"name": k, "value": v} for k, v in sorted((env or {}).items())]
+  # With a disk size, the workspace and /tmp are memory-backed emptyDirs of that size: tmpfs,
+  # so filling one is ENOSPC inside the pod (a disk-backed emptyDir over its sizeLimit gets
+  # the pod evicted instead), and their pages count toward the memory limit, as on the local
+  # backend (the service checks that 2 x disk fits in memory).
   workspace = {"name": WORKSPACE_VOLUME, "emptyDir": {}}
+  tmp = {"name": TMP_VOLUME, "emptyDir": {}}
   if disk is not None:
-    workspace["emptyDir"]["sizeLimit"] = str(disk)
+    for volume in (workspace, tmp):
+      volume["emptyDir"] = {"medium": "Memory", "sizeLimit": str(disk)}
   sandbox = {
       "name": "sandbox", "image": image, "imagePullPolicy": config.image_pull_policy,
       "command": [f"{AGENT_MOUNT}/bin/orchard-agent"],
@@ -143,7 +150,8 @@ def render_pod(sandbox_id: str, *, image: str, token: str, config: KubernetesCon
                          "periodSeconds": 1, "failureThreshold": 3},
       "resources": {"requests": requests, **({"limits": limits} if limits else {})},
       "volumeMounts": [{"name": AGENT_VOLUME, "mountPath": AGENT_MOUNT, "readOnly": True},
-                       {"name": WORKSPACE_VOLUME, "mountPath": workdir}],
+                       {"name": WORKSPACE_VOLUME, "mountPath": workdir},
+                       {"name": TMP_VOLUME, "mountPath": "/tmp"}],
   }
   sandbox["securityContext"] = {"allowPrivilegeEscalation": False,
                                 "capabilities": {"drop": ["ALL"]}}
@@ -163,7 +171,7 @@ def render_pod(sandbox_id: str, *, image: str, token: str, config: KubernetesCon
           "volumeMounts": [{"name": AGENT_VOLUME, "mountPath": AGENT_MOUNT}],
       }],
       "containers": [sandbox],
-      "volumes": [{"name": AGENT_VOLUME, "emptyDir": {}}, workspace],
+      "volumes": [{"name": AGENT_VOLUME, "emptyDir": {}}, workspace, tmp],
       "securityContext": {"seccompProfile": seccomp_profile(config)},
   }
   if config.node_selector:

@@ -169,6 +169,8 @@ class LocalBackend(Backend):
     if self._sock is not None:
       self._sock.close()
       self._sock = None
+    if self._cgroups is not None:
+      self._cgroups.close()
     if self._spawner is not None:
       try:
         self._spawner.wait(timeout=5)
@@ -295,6 +297,7 @@ class LocalBackend(Backend):
       self._cgroups.remove(sandbox_id)
       raise SandboxFailed(f"cannot set the limits of sandbox {sandbox_id!r}: {e}") from None
     box = _Box(sandbox_id, procs)
+    box.memory = spec.memory
     self._boxes[sandbox_id] = box
     keep_r, box.keepalive = os.pipe2(os.O_CLOEXEC)
     info_r, info_w = os.pipe2(os.O_CLOEXEC)
@@ -592,6 +595,60 @@ class LocalBackend(Backend):
                 ("status", status_w), ("pidfd", box.pidfd)])
 
   async def _run(self, box, spec: _jobs.JobSpec, cancel_event=None) -> _jobs.JobResult:
+    """Runs one command to its end. Says so when the OOM killer struck during it, and kills
+    what the command left behind if that hit the sandbox's pids limit (a fork bomb whose
+    shell returned at once)."""
+    oom_before = self._cgroups.oom_kills(box.id)
+    pids_before = self._cgroups.pids_limit_hits(box.id)
+    result = await self._run_command(box, spec, cancel_event)
+    if oom_before is not None and (self._cgroups.oom_kills(box.id) or 0) > oom_before:
+      _jobs.oom_reason(result, box.memory)
+    if result.pid is not None:
+      box.sessions.append(result.pid)
+      del box.sessions[:-256]
+      if pids_before is not None and (self._cgroups.pids_limit_hits(box.id) or 0) > pids_before:
+        await self._reclaim(box, [result.pid], result)
+    return result
+
+  async def _reclaim(self, box, sessions, result=None) -> int:
+    """Kills the processes left by finished commands `sessions` (their session ids), e.g. a
+    fork bomb holding the sandbox's pids limit. Returns how many were alive."""
+    cgroups = self._cgroups
+    members = cgroups.pids(box.id) if cgroups.available.get("pids") else None
+    left = set()
+    for session in sessions:
+      left.update(p for p in _jobs.process_tree(session, members) if p != session)
+    if not left:
+      return 0
+    for session in sessions:
+      await asyncio.to_thread(_jobs.kill_process_tree, session,
+                              (lambda: cgroups.pids(box.id)) if members is not None else None,
+                              belongs=box.owns)
+    note = (f"{len(left)} processes it left running held the sandbox's pids limit and were "
+            f"killed")
+    _log.info("sandbox %s: %s", box.id, note)
+    if result is not None:
+      result.error = note if not result.error else f"{result.error}; {note}"
+    return len(left)
+
+  async def reclaim(self) -> dict:
+    """For each sandbox whose pids limit was hit since the last call, kills the processes
+    left by its finished commands ({sandbox id: processes killed}). The service calls this
+    every reap interval."""
+    out = {}
+    for box in list(self._boxes.values()):
+      hits = self._cgroups.pids_limit_hits(box.id)
+      if hits is None or hits <= box.pids_hits or box.status is None:
+        continue
+      box.pids_hits = hits
+      running = {job_pid for job_pid in box.running_pids}
+      finished = [s for s in box.sessions if s not in running]
+      killed = await self._reclaim(box, finished)
+      if killed:
+        out[box.id] = killed
+    return out
+
+  async def _run_command(self, box, spec: _jobs.JobSpec, cancel_event=None) -> _jobs.JobResult:
     started = time.monotonic()
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     if spec.merge_stderr:
@@ -614,8 +671,16 @@ class LocalBackend(Backend):
     if in_w is not None:
       asyncio.ensure_future(_feed(in_w, spec.stdin))
     process = _SpawnedProcess(_StatusReader(status_r), self, box)
-    return await _jobs.collect(process, out_r, err_r, spec, cancel_event=cancel_event,
-                               started=started)
+    task = asyncio.ensure_future(process.status.started.wait())
+    task.add_done_callback(lambda _: process.pid is not None and box.running_pids.add(process.pid))
+    try:
+      result = await _jobs.collect(process, out_r, err_r, spec, cancel_event=cancel_event,
+                                   started=started)
+    finally:
+      task.cancel()
+      box.running_pids.discard(process.pid)
+    result.pid = process.pid
+    return result
 
   # ------------------------------------------------------------------ jobs
   async def start_job(self, sandbox_id, ref, job_id, spec):
@@ -792,6 +857,10 @@ class _Box:
     self.ns_flags = 0
     self.jobs = set()
     self.pidns = None         # the sandbox's pid namespace ("pid:[inode]")
+    self.memory = None        # its memory limit in bytes (for OOM messages)
+    self.sessions = []        # session ids (= pids) of its last commands, newest last
+    self.running_pids = set() # pids of its commands still running
+    self.pids_hits = 0        # pids.events "max" already handled by reclaim()
     self.slirp = None         # _StatusReader of slirp4netns (network=True)
     self.slirp_exit = None    # write end of slirp4netns's exit pipe
     self.relay = None         # _network.EgressRelay (egress=[...])
