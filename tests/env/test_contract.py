@@ -433,3 +433,24 @@ def test_a_fork_bomb_left_by_a_finished_command_is_stopped(client, service):
     assert alive.stdout == "alive\n", alive
     count = box.exec("ps -e --no-headers | wc -l").stdout.strip()
     assert int(count) < 8, count   # the placeholder, ps, wc and a shell: the bomb is gone
+
+
+# ---------------------------------------------------------------------------- special files
+@pytest.mark.parametrize("make", ["mkfifo pipe", "ln -s /dev/zero pipe", "ln -s /dev/null pipe",
+                                  "python3 -c \"import socket; socket.socket(socket.AF_UNIX)"
+                                  ".bind('pipe')\""])
+def test_special_files_are_refused_at_once(box, make):
+  assert box.exec(f"rm -f pipe; {make}").exit_code == 0
+  started = time.monotonic()
+  with pytest.raises(orchard_env.FileOperationError, match="regular file"):
+    box.download("pipe")
+  assert time.monotonic() - started < 10
+  assert box.exec("echo fine").stdout == "fine\n"
+
+
+def test_a_growing_file_downloads_as_it_was_when_opened(box):
+  box.exec("(while true; do echo line; done) > grow.txt &")
+  time.sleep(0.3)
+  data = box.download("grow.txt")
+  assert data and set(data.split(b"\n")) <= {b"line", b""}
+  box.exec("pkill -f 'while true' || true; kill %1 2>/dev/null; true")

@@ -260,6 +260,9 @@ def build_app(token: str, workdir: str = "/") -> fastapi.FastAPI:
     """The file's bytes, streamed, with its size in Content-Length; anything but a regular
     file (a FIFO, device, socket, or a symlink to one) is refused at once."""
     try:
+      if not stat.S_ISREG(os.stat(path).st_mode) and not stat.S_ISDIR(os.stat(path).st_mode):
+        raise fastapi.HTTPException(422, f"{path}: is not a regular file; only regular files "
+                                         f"can be downloaded")
       fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
       raise fastapi.HTTPException(404, f"{path} does not exist") from None

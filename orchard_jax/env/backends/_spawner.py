@@ -317,7 +317,12 @@ def _file_op(req, fds):
   action = req["action"]
   try:
     if action == "read":
-      # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused just below.
+      # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused just below (a
+      # socket cannot be opened at all: it is refused by its stat first).
+      st = os.stat(path)
+      if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.EINVAL, f"is a {_kind(st.st_mode)}, not a regular file: only "
+                      f"regular files can be downloaded")
       fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
       st = os.fstat(fd)
       if not stat.S_ISREG(st.st_mode):
