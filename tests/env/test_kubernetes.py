@@ -61,6 +61,63 @@ def test_invalid_manifest_is_rejected_by_the_schema_check():
     kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
 
 
+@pytest.mark.parametrize("profile", ["RuntimeDefault", "Localhost:orchard-env/sandbox.json"])
+def test_pods_drop_capabilities_and_carry_a_seccomp_profile(profile):
+  pod = m.render_pod("sbx-0123456789ab", image="python:3.11-slim", token="t",
+                     config=KubernetesConfig(seccomp_profile=profile), tenant="alice",
+                     egress=[{"host": "proxy.orchard.svc", "port": 8000,
+                              "addresses": ["10.0.0.7"]},
+                             {"host": "10.0.0.8", "port": 80, "addresses": ["10.0.0.8"]}],
+                     disk=64 << 20, memory=256 << 20)
+  kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+  kind, _, path = profile.partition(":")
+  assert pod["spec"]["securityContext"]["seccompProfile"] == (
+      {"type": kind, "localhostProfile": path} if path else {"type": kind})
+  container = pod["spec"]["containers"][0]["securityContext"]
+  assert container == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+  assert pod["metadata"]["labels"]["orchard.dev/tenant"] == "alice"
+  # A host name is pinned to the address the orchestrator resolved; an address needs no alias.
+  assert pod["spec"]["hostAliases"] == [{"ip": "10.0.0.7", "hostnames": ["proxy.orchard.svc"]}]
+  # With a disk size the workspace and /tmp are tmpfs (ENOSPC when full) of that size.
+  volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+  for name in (m.WORKSPACE_VOLUME, m.TMP_VOLUME):
+    assert volumes[name]["emptyDir"] == {"medium": "Memory", "sizeLimit": str(64 << 20)}
+  with pytest.raises(ValueError, match="RuntimeDefault"):
+    m.seccomp_profile(KubernetesConfig(seccomp_profile="Unconfined"))
+
+
+def test_egress_policies_open_the_internet_or_exactly_the_endpoints():
+  config = KubernetesConfig()
+  endpoints = [{"host": "proxy.orchard.svc", "port": 8000, "addresses": ["10.0.0.7"]},
+               {"host": "::1", "port": 8123, "addresses": ["::1"]}]
+  only = m.render_allow_egress_policy("sbx-0123456789ab", config, network=False,
+                                      egress=endpoints)
+  internet = m.render_allow_egress_policy("sbx-0123456789ab", config, network=True)
+  for policy in (only, internet):
+    kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    assert policy["spec"]["podSelector"] == {"matchLabels": {m.LABEL_SANDBOX: "sbx-0123456789ab"}}
+  assert only["spec"]["egress"] == [
+      {"to": [{"ipBlock": {"cidr": "10.0.0.7/32"}}], "ports": [{"protocol": "TCP", "port": 8000}]},
+      {"to": [{"ipBlock": {"cidr": "::1/128"}}], "ports": [{"protocol": "TCP", "port": 8123}]}]
+  rules = internet["spec"]["egress"]
+  assert rules[0]["to"][0]["ipBlock"] == {"cidr": "0.0.0.0/0", "except": list(m.PRIVATE_RANGES)}
+  assert {"protocol": "UDP", "port": 53} in rules[1]["ports"]   # cluster DNS, nothing else
+  assert "10.0.0.0/8" in m.PRIVATE_RANGES and "169.254.0.0/16" in m.PRIVATE_RANGES
+
+
+def test_the_oci_seccomp_profile_is_the_profile_compiled_for_bubblewrap():
+  from orchard_jax.env import seccomp
+  profile = seccomp.oci_profile()
+  names = {n for rule in profile["syscalls"] for n in rule["names"]}
+  assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
+  assert {"unshare", "setns", "mount", "bpf", "keyctl", "ptrace", "clone3"} <= names
+  clone = [r for r in profile["syscalls"] if r["names"] == ["clone"]]
+  # runc's MASKED_EQ: value is the mask, valueTwo the value it must equal.
+  assert {"index": 0, "value": 0x10000000, "valueTwo": 0x10000000,
+          "op": "SCMP_CMP_MASKED_EQ"} in [a for r in clone for a in r["args"]]
+  assert len(seccomp.compile_bpf()) % 8 == 0 and len(seccomp.compile_bpf()) > 8 * len(names)
+
+
 def test_deny_egress_policy_and_per_sandbox_exception(tmp_path):
   with fake_kube.FakeCluster(str(tmp_path)) as cluster:
     backend = KubernetesBackend(_config(), api_client=cluster.api_client())
