@@ -67,6 +67,9 @@ def _env_config(preset: str) -> ml_collections.ConfigDict:
       default_sandbox_image="python:3.11-slim",  # the container image of image "host"
       sandbox_node_selector={},             # e.g. {"orchard.dev/pool": "sandboxes"}
       sandbox_tolerations=(),               # e.g. ({"key": "sandbox", "operator": "Exists"},)
+      # Sandbox pods' seccomp profile: "RuntimeDefault", or "Localhost:orchard-env/sandbox.json"
+      # for Orchard Env's own profile, which a DaemonSet then installs on every node.
+      sandbox_seccomp_profile="RuntimeDefault",
       max_sandboxes=2000 if cluster else 64,
       creation_qps=50.0 if cluster else 5.0,  # pod creations per second (throttle)
       max_concurrent_creates=128 if cluster else 16,

@@ -7,6 +7,7 @@ pod directly. Several replicas share sandbox and job records through Redis, so a
 serve any sandbox (orchard_jax/env/state_redis.py).
 """
 import json
+import os
 
 from launch.k8s import common
 
@@ -104,6 +105,7 @@ def _orchestrator_args(config) -> list[str]:
       "max_concurrent_creates": int(env.max_concurrent_creates),
       # The backend's own deny-egress policy then also admits only the orchestrator's pods.
       "orchestrator_selector": common.selector_labels(config, env.name),
+      "seccomp_profile": env.sandbox_seccomp_profile,
   }
   if env.sandbox_node_selector:
     backend["node_selector"] = {str(k): str(v) for k, v in dict(env.sandbox_node_selector).items()}
@@ -302,6 +304,54 @@ def sandbox_network_policies(config) -> list[dict]:
   return [deny_egress, orchestrator_only]
 
 
+SECCOMP_COMPONENT = "seccomp-profile"
+_KUBELET_SECCOMP = "/var/lib/kubelet/seccomp"
+
+
+def seccomp_profile_installer(config) -> list[dict]:
+  """With env.sandbox_seccomp_profile = "Localhost:<path>": a ConfigMap holding Orchard Env's
+  seccomp profile (orchard_jax.env.seccomp, OCI format) and a DaemonSet that writes it to
+  /var/lib/kubelet/seccomp/<path> on every node, where the kubelet looks for Localhost
+  profiles. Nothing for "RuntimeDefault" (the container runtime's own default profile).
+  It runs in the fleet's namespace: the sandbox namespace's Pod Security level forbids the
+  hostPath it needs."""
+  profile = config.env.sandbox_seccomp_profile
+  if not profile.startswith("Localhost:"):
+    return []
+  from orchard_jax.env import seccomp
+  path = profile[len("Localhost:"):]
+  name = f"{config.env.name}-seccomp"
+  folder, file_name = os.path.dirname(path), os.path.basename(path)
+  target = os.path.join(_KUBELET_SECCOMP, folder) if folder else _KUBELET_SECCOMP
+  configmap = {"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": common.metadata(config, name, SECCOMP_COMPONENT, config.namespace),
+               "data": {"profile.json": seccomp.oci_profile_json()}}
+  container = {
+      "name": "install", "image": config.image, "imagePullPolicy": config.image_pull_policy,
+      # Copy, then stay (a DaemonSet's pods run forever); the copy is redone on restart.
+      "command": ["sh", "-c", f'mkdir -p "{target}" && cp /profile/profile.json '
+                              f'"{target}/{file_name}" && exec sleep infinity'],
+      "volumeMounts": [{"name": "profile", "mountPath": "/profile", "readOnly": True},
+                       {"name": "kubelet-seccomp", "mountPath": _KUBELET_SECCOMP}],
+      "resources": common.resources("10m", "16Mi", cpu_limit="100m", memory_limit="32Mi"),
+  }
+  spec = {"containers": [container],
+          "volumes": [{"name": "profile", "configMap": {"name": name}},
+                      {"name": "kubelet-seccomp", "hostPath": {
+                          "path": _KUBELET_SECCOMP, "type": "DirectoryOrCreate"}}]}
+  if config.env.sandbox_node_selector:
+    spec["nodeSelector"] = {str(k): str(v) for k, v in dict(config.env.sandbox_node_selector).items()}
+  if config.env.sandbox_tolerations:
+    spec["tolerations"] = [dict(t) for t in config.env.sandbox_tolerations]
+  selector = common.selector_labels(config, name)
+  daemonset = {"apiVersion": "apps/v1", "kind": "DaemonSet",
+               "metadata": common.metadata(config, name, SECCOMP_COMPONENT, config.namespace),
+               "spec": {"selector": {"matchLabels": selector},
+                        "template": {"metadata": {"labels": common.labels(
+                            config, SECCOMP_COMPONENT, name)}, "spec": spec}}}
+  return [configmap, daemonset]
+
+
 def render(config, api_key: str) -> list[dict]:
   """Every Orchard Env object, in the order `up` applies them."""
   return [
@@ -309,6 +359,7 @@ def render(config, api_key: str) -> list[dict]:
       sandbox_role(config),
       sandbox_role_binding(config),
       *sandbox_network_policies(config),
+      *seccomp_profile_installer(config),
       api_key_secret(config, api_key),
       *redis(config),
       orchestrator_deployment(config),

@@ -288,3 +288,28 @@ def test_orchestrator_command_is_one_the_env_service_accepts(preset):
   pod_labels = env_service.orchestrator_deployment(config)["spec"]["template"]["metadata"][
       "labels"]
   assert all(pod_labels[k] == v for k, v in backend.orchestrator_selector.items())
+
+
+def test_a_localhost_seccomp_profile_is_installed_on_the_nodes_and_used_by_sandboxes():
+  """env.sandbox_seccomp_profile = Localhost:...: a ConfigMap with Orchard Env's OCI profile
+  and a DaemonSet writing it where the kubelet reads Localhost profiles; the orchestrator's
+  Kubernetes backend then puts that profile in every sandbox pod."""
+  import json
+  from orchard_jax.env import seccomp
+  from orchard_jax.env.backends.k8s_manifests import KubernetesConfig, render_pod
+  config = fleet_config.get_config("cluster")
+  assert env_service.seccomp_profile_installer(config) == []     # RuntimeDefault: nothing
+  config.env.sandbox_seccomp_profile = "Localhost:orchard-env/sandbox.json"
+  configmap, daemonset = env_service.seccomp_profile_installer(config)
+  for obj in (configmap, daemonset):
+    kubernetes_validate.validate(obj, VERSIONS[-1], strict=True)
+  assert json.loads(configmap["data"]["profile.json"]) == seccomp.oci_profile()
+  command = daemonset["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+  assert '"/var/lib/kubelet/seccomp/orchard-env/sandbox.json"' in command
+  container = env_service.orchestrator_deployment(config)["spec"]["template"]["spec"][
+      "containers"][0]["command"]
+  backend = json.loads(container[container.index("--kubernetes-config-json") + 1])
+  pod = render_pod("sbx-0123456789ab", image="x", token="t",
+                   config=KubernetesConfig(**backend))
+  assert pod["spec"]["securityContext"]["seccompProfile"] == {
+      "type": "Localhost", "localhostProfile": "orchard-env/sandbox.json"}
