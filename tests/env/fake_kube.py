@@ -392,23 +392,6 @@ class FakeCluster:
     port = main["ports"][0]["containerPort"]
     handle.forwarder = await asyncio.start_server(
         lambda r, w: _relay(r, w, handle.folder + "/run/agent.sock"), handle.ip, port)
-    internet, endpoints = network
-    if child and internet:   # the CNI: outbound access, the host's loopback unreachable
-      ready_r, ready_w = os.pipe()
-      try:
-        handle.slirp = await asyncio.create_subprocess_exec(
-            *_network.slirp_argv(_network.slirp4netns(), child, userns=False, sandboxed=False,
-                                 ready_fd=ready_w, exit_fd=None),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=open(os.path.join(handle.folder, "slirp.log"), "wb"), pass_fds=(ready_w,))
-      finally:
-        os.close(ready_w)
-      await asyncio.to_thread(_read_json, ready_r)   # "1" once configured, or EOF
-    if child and endpoints:
-      handle.relay = _network.EgressRelay(name)
-      for ip, endpoint_port in endpoints:
-        sock = await asyncio.to_thread(_listen_in, child, ip, endpoint_port)
-        await handle.relay.add(sock, (ip, endpoint_port))
     await self._set_status(pod, phase="Pending", containerStatuses=[
         {"name": "sandbox", "ready": False, "restartCount": 0, "image": main["image"],
          "imageID": "", "state": {"running": {"startedAt": _now()}}}])
@@ -424,6 +407,27 @@ class FakeCluster:
       except OSError:
         pass
       await asyncio.sleep(0.05)
+    # The pod's network comes once the container is up (its agent answered): bwrap has set up
+    # the namespace's loopback by then, which slirp4netns and the relays must not race.
+    internet, endpoints = network
+    if child and internet:   # the CNI: outbound access, the host's loopback unreachable
+      ready_r, ready_w = os.pipe()
+      log = open(os.path.join(handle.folder, "slirp.log"), "wb")
+      try:
+        handle.slirp = await asyncio.create_subprocess_exec(
+            *_network.slirp_argv(_network.slirp4netns(), child, userns=False, sandboxed=False,
+                                 ready_fd=ready_w, exit_fd=None),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=log,
+            pass_fds=(ready_w,))
+      finally:
+        os.close(ready_w)
+        log.close()
+      await asyncio.to_thread(_read_json, ready_r)   # "1" once configured, or EOF
+    if child and endpoints:
+      handle.relay = _network.EgressRelay(name)
+      for ip, endpoint_port in endpoints:
+        sock = await asyncio.to_thread(_listen_in, child, ip, endpoint_port)
+        await handle.relay.add(sock, (ip, endpoint_port))
     if handle.process.returncode is None:
       await self._set_status(pod, phase="Running", conditions=[{"type": "Ready", "status": "True"}],
                              containerStatuses=[{"name": "sandbox", "ready": True, "restartCount": 0,

@@ -472,7 +472,13 @@ def _pod_state(pod) -> Optional[str]:
   if status is None:
     return None
   if status.phase in ("Failed", "Succeeded"):
-    return f"phase {status.phase}: {status.reason or ''} {status.message or ''}".strip()
+    why = [status.reason or "", status.message or ""]
+    for cs in (status.init_container_statuses or []) + (status.container_statuses or []):
+      ended = cs.state.terminated if cs.state is not None else None
+      if ended is not None:
+        why.append(f"container {cs.name} exited with {ended.exit_code}: "
+                   f"{ended.reason or ''} {(ended.message or '').strip()[-300:]}")
+    return f"phase {status.phase}: " + "; ".join(w.strip() for w in why if w.strip())
   for cs in (status.init_container_statuses or []) + (status.container_statuses or []):
     state = cs.state
     if state is not None and state.waiting is not None and state.waiting.reason in _FATAL_WAITING:
