@@ -506,13 +506,21 @@ class RecordingProxy:
     if session is None:
       session = self.sessions.setdefault(session_id, _Session(session_id))
     await session.lock.acquire()
+    partials = call = None
     try:
       if not self.upstream.text_only and request.stream:
         call = self._plan_call(session, request, wire.name)
-        events = self._stream_call(session, request, call, wire.stream(wire_request,
-                                                                        self.served_model_name))
+        # The first result (after prefill and one decode step) is awaited before the answer
+        # starts, so a request the upstream refuses is an HTTP error, as when not streamed.
+        partials = self.upstream.generate_stream(
+          call.plan.ids, call.params, session_id=session.id,
+          top_logprobs_num=request.top_logprobs or 0)
+        first = await partials.__anext__()
+        events = self._stream_call(session, request, call, partials, first,
+                                   wire.stream(wire_request, self.served_model_name))
         return _Answer(_LockedStream(events, session.lock, media_type="text/event-stream",
-                                     background=BackgroundTask(self._after_stream, session)),
+                                     background=BackgroundTask(self._after_stream, session),
+                                     upstream=partials),
                        streamed=True)
       if self.upstream.text_only:
         data, commit = await self._text_only_call(session, request)
@@ -522,8 +530,14 @@ class RecordingProxy:
         response = Response(wire.body(wire_request, chat, self.served_model_name),
                             media_type="application/json")
       self._reserve(session.id)   # flush() waits for the record from here on
-    except BaseException:
+    except BaseException as e:
+      if partials is not None:
+        await partials.aclose()
+        if isinstance(e, asyncio.CancelledError):   # the caller went away during prefill
+          self._record_abandoned(session, call)
       session.lock.release()
+      if isinstance(e, StopAsyncIteration):
+        raise UpstreamError("the upstream stream ended without a result") from None
       raise
 
     def release() -> None:
@@ -549,9 +563,11 @@ class RecordingProxy:
     return Response(events, media_type="text/event-stream")
 
   async def _stream_call(self, session: _Session, request: ChatCompletionRequest, call: "_Call",
-                         stream: Any) -> AsyncIterator[str]:
+                         partials: AsyncIterator[Any], first: Any, stream: Any
+                         ) -> AsyncIterator[str]:
     """The events of one streamed call: the wire's opening events, reasoning and content
-    deltas after each engine step, then the parsed turn's closing events.
+    deltas after each engine step (`partials`, whose first result is `first`), then the
+    parsed turn's closing events.
 
     The call is committed (the session's history moves on) and recorded once its closing
     events were handed to the server, i.e. when the response asks for more after them. A
@@ -563,16 +579,16 @@ class RecordingProxy:
     out, commit = None, None
     try:
       try:
-        async with contextlib.aclosing(self.upstream.generate_stream(
-            call.plan.ids, call.params, session_id=session.id,
-            top_logprobs_num=request.top_logprobs or 0)) as partials:
-          async for out in partials:
-            if out.meta_info.finish_reason is None:
-              text = stream.delta(*splitter.feed(out.text))
-              if text:
-                yield text
-        if out is None:
-          raise UpstreamError("the upstream stream ended without a result")
+        async with contextlib.aclosing(partials):
+          out = first
+          while out.meta_info.finish_reason is None:
+            text = stream.delta(*splitter.feed(out.text))
+            if text:
+              yield text
+            try:
+              out = await partials.__anext__()
+            except StopAsyncIteration:
+              raise UpstreamError("the upstream stream ended before the turn finished") from None
         last = stream.delta(*splitter.finish(out.text))
         response, commit = self._finish_call(session, request, call, out, time.perf_counter())
       except RolloutError as e:
@@ -833,17 +849,20 @@ class _LockedStream(StreamingResponse):
   """A streaming response that releases its session's lock once it is over, also when the
   client went away before the body's first event (its generator then never starts)."""
 
-  def __init__(self, content: AsyncIterator[str], lock: asyncio.Lock, **kwargs: Any):
+  def __init__(self, content: AsyncIterator[str], lock: asyncio.Lock, *,
+               upstream: Optional[AsyncIterator[Any]] = None, **kwargs: Any):
     super().__init__(content, **kwargs)
     self._lock = lock
+    self._upstream = upstream   # closed here too when the body's generator never started
 
   async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
     try:
       await super().__call__(scope, receive, send)
     finally:
-      aclose = getattr(self.body_iterator, "aclose", None)
-      if aclose is not None:
-        await aclose()
+      for iterator in (self.body_iterator, self._upstream):
+        aclose = getattr(iterator, "aclose", None)
+        if aclose is not None:
+          await aclose()
       if self._lock.locked():
         self._lock.release()
 

@@ -190,7 +190,14 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
     if request.stream:
       if request.is_batch:
         raise RequestError("stream=true takes one prompt; send batched prompts unstreamed")
-      return StreamingResponse(_stream(engine, singles[0]), media_type="text/event-stream")
+      # Submitted before the response starts, so a prompt the engine refuses (too long,
+      # ids outside the vocabulary) is a 400, not a stream broken after its headers.
+      loop = asyncio.get_running_loop()
+      updates: asyncio.Queue = asyncio.Queue()
+      future = engine.submit(singles[0], on_update=lambda partial: loop.call_soon_threadsafe(
+        updates.put_nowait, partial))
+      return StreamingResponse(_stream(asyncio.wrap_future(future), updates),
+                               media_type="text/event-stream")
     results = await until_disconnect(raw, asyncio.gather(*[run(s) for s in singles]))
     payload = [r.model_dump(mode="json") for r in results]
     return payload if request.is_batch else payload[0]
@@ -300,15 +307,9 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
   return app
 
 
-async def _stream(engine: Engine, single: SingleGenerateRequest) -> AsyncIterator[str]:
-  """SGLang's streaming format: one `data: {cumulative result}` event per engine step."""
-  loop = asyncio.get_running_loop()
-  updates: asyncio.Queue = asyncio.Queue()
-
-  def on_update(partial: GenerateResponse) -> None:
-    loop.call_soon_threadsafe(updates.put_nowait, partial)
-
-  future = asyncio.wrap_future(engine.submit(single, on_update=on_update))
+async def _stream(future: asyncio.Future, updates: asyncio.Queue) -> AsyncIterator[str]:
+  """SGLang's streaming format: one `data: {cumulative result}` event per engine step (the
+  partial results put in `updates`), then the finished result of `future`."""
   try:
     while True:
       getter = asyncio.ensure_future(updates.get())

@@ -176,6 +176,14 @@ def test_wire_errors_have_the_wire_shape(stack):
     assert bad.status_code == 400 and "web_search" in bad.json()["error"]["message"]
     bad = http.post(proxy.session_url("e") + "/responses", content=b"{not json")
     assert bad.status_code == 400 and bad.json()["error"]["message"]
+    # A streamed call the engine refuses (prompt beyond max_seq_len) is an HTTP error too.
+    long = {"role": "user", "content": "word " * 1500}
+    for path, body in (("messages", {"messages": [long], "stream": True, "max_tokens": 4}),
+                       ("responses", {"input": [long], "stream": True}),
+                       ("chat/completions", {"messages": [long], "stream": True})):
+      refused = http.post(f"{proxy.session_url('e')}/{path}", json=body)
+      assert refused.status_code == 400, (path, refused.text[:300])
+      assert "max_seq_len" in refused.text
     counted = http.post(proxy.session_url("e") + "/messages/count_tokens",
                         json={"messages": [{"role": "user", "content": "hello"}]})
     assert counted.status_code == 200 and counted.json()["input_tokens"] > 0

@@ -280,7 +280,7 @@ class LocalBackend(Backend):
     if key not in cache:
       args = []
       for d in _HOST_DIRS + tuple(self.host_paths):
-        args += _mirror(d, d, exploded, overridden)
+        args += _open_parents(d) + _mirror(d, d, exploded, overridden)
       args += ["--perms", "0755", "--dir", "/run", "--perms", "0755", "--dir", "/var"]
       cache[key] = args
     return list(cache[key])
@@ -1013,6 +1013,23 @@ class _LocalPty(PtySession):
     if self.master is not None:
       os.close(self.master)
       self.master = None
+
+
+def _open_parents(path: str) -> list:
+  """bwrap arguments making the folders above a host path shown in the sandbox traversable
+  (0755) when no host folder is mirrored there: a host path under a private home folder
+  (/root is 0700) would otherwise sit below a folder the sandbox user cannot enter."""
+  parents = []
+  p = os.path.dirname(path)
+  while p not in ("/", ""):
+    if any(p == d or p.startswith(d + "/") for d in _HOST_DIRS):
+      break
+    parents.append(p)
+    p = os.path.dirname(p)
+  args = []
+  for p in reversed(parents):
+    args += ["--perms", "0755", "--dir", p]
+  return args
 
 
 def _mirror(host_path, target, exploded=frozenset(), skip=frozenset()):
