@@ -45,4 +45,17 @@ if [[ $skip != *,pip,* ]]; then
   python -m pip install -q -r requirements.txt
 fi
 
+# The external harness CLIs that run inside task sandboxes (agent.harness=codex|claude_code):
+# Codex CLI, Claude Code and Node.js 22 from npm at pinned versions, into the cache folder
+# sandboxes read (orchard_jax/harness/install.py). npm itself comes from Debian when missing.
+if [[ $skip != *,npm,* ]]; then
+  if ! command -v npm >/dev/null; then
+    echo "install.sh: system packages: npm"
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends npm
+  fi
+  echo "install.sh: harness CLIs (Codex CLI, Claude Code, Node.js 22)"
+  python -m orchard_jax.harness install codex claude_code
+fi
+
 echo "install.sh: done"

@@ -10,6 +10,7 @@ offline: no sign-in, no telemetry, no update checks, no hosted tools.
 |---------------|-----------------------------------|------------------------------------------------------|
 | `codex`       | OpenAI Responses (`/v1/responses`) | `$CODEX_HOME/config.toml`: a `model_providers` entry with `wire_api = "responses"`; `codex exec` |
 | `claude_code` | Anthropic Messages (`/v1/messages`) | `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY`, `ANTHROPIC_MODEL`; `claude -p` |
+| `mini_swe_agent` | OpenAI chat completions | litellm's `api_base`; its default agent, run by the trainer's interpreter |
 
 `run_cli_harness` writes the harness's configuration into a private folder of the sandbox
 (`/tmp/orchard-harness`, outside the repository so it never shows in the diff), runs the CLI
@@ -25,7 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
+import sys
 import time
 from typing import Any, Callable, Optional
 
@@ -190,11 +193,61 @@ def _claude_command(program: str, task: str, workdir: str, limits: HarnessLimits
           f"--max-turns {int(limits.max_turns)} </dev/null")
 
 
+# mini-swe-agent (PyPI) run by the interpreter the sandbox shows (the trainer's, read-only):
+# its default agent and templates, litellm's OpenAI client pointed at the proxy, commands run
+# in the sandbox by its LocalEnvironment. Its trajectory file is written where the logs are.
+_MINI_DRIVER = """
+import json, os, sys, yaml
+from minisweagent.agents.default import DefaultAgent
+from minisweagent.config import builtin_config_dir
+from minisweagent.environments.local import LocalEnvironment
+from minisweagent.models.litellm_model import LitellmModel
+from pathlib import Path
+config = yaml.safe_load(open(os.path.join(builtin_config_dir, "default.yaml")))
+agent_config = dict(config["agent"], step_limit=int(os.environ["ORCHARD_MAX_TURNS"]),
+                    cost_limit=0.0)
+model = LitellmModel(model_name="openai/" + os.environ["ORCHARD_MODEL"],
+                     cost_tracking="ignore_errors",
+                     **{k: v for k, v in config["model"].items() if k != "model_kwargs"},
+                     model_kwargs={"api_base": os.environ["ORCHARD_BASE_URL"],
+                                   "api_key": os.environ["ORCHARD_API_KEY"],
+                                   "max_tokens": int(os.environ["ORCHARD_MAX_TOKENS"]),
+                                   "timeout": float(os.environ["ORCHARD_REQUEST_TIMEOUT_S"])})
+agent = DefaultAgent(model, LocalEnvironment(cwd=os.getcwd()), **agent_config)
+result = agent.run(sys.argv[1])
+agent.save(Path(os.environ["ORCHARD_PRIVATE_DIR"]) / "mini" / "run.traj.json")
+print(json.dumps({"exit_status": result.get("exit_status")}))
+sys.exit(0 if result.get("exit_status") == "Submitted" else 1)
+"""
+
+
+def _mini_setup(base_url: str, model: str, workdir: str, limits: HarnessLimits
+                ) -> dict[str, str]:
+  return {f"{PRIVATE_DIR}/mini/driver.py": _MINI_DRIVER}
+
+
+def _mini_environment(base_url: str, model: str, limits: HarnessLimits) -> dict[str, str]:
+  return {"ORCHARD_BASE_URL": base_url, "ORCHARD_MODEL": model, "ORCHARD_API_KEY": API_KEY,
+          "ORCHARD_MAX_TURNS": str(int(limits.max_turns)),
+          "ORCHARD_MAX_TOKENS": str(int(limits.max_output_tokens)),
+          "ORCHARD_REQUEST_TIMEOUT_S": str(float(limits.request_timeout_s)),
+          "ORCHARD_PRIVATE_DIR": PRIVATE_DIR,
+          "MSWEA_GLOBAL_CONFIG_DIR": f"{PRIVATE_DIR}/mini/config", "MSWEA_SILENT_STARTUP": "1",
+          "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+
+def _mini_command(program: str, task: str, workdir: str, limits: HarnessLimits) -> str:
+  return (f"cd {shlex.quote(workdir)} && {shlex.quote(program)} {PRIVATE_DIR}/mini/driver.py "
+          f"{shlex.quote(task)} </dev/null")
+
+
 CODEX = CLIHarness("codex", "responses", _codex_setup, _codex_environment, _codex_command,
                    ("codex/sessions/*/*/*/*.jsonl",))
 CLAUDE_CODE = CLIHarness("claude_code", "messages", _claude_setup, _claude_environment,
                          _claude_command, ("claude/projects/*/*.jsonl",))
-CLI_HARNESSES = {h.name: h for h in (CODEX, CLAUDE_CODE)}
+MINI_SWE_AGENT = CLIHarness("mini_swe_agent", "chat_completions", _mini_setup,
+                            _mini_environment, _mini_command, ("mini/*.traj.json",))
+CLI_HARNESSES = {h.name: h for h in (CODEX, CLAUDE_CODE, MINI_SWE_AGENT)}
 
 
 def get_cli_harness(name: str) -> CLIHarness:
@@ -233,8 +286,11 @@ def run_cli_harness(harness: CLIHarness, box: Any, task: str, *, base_url: str,
   Raises:
     HarnessError: the CLI is not installed, or its configuration could not be written.
   """
-  program = _install.executable(harness.name, install_dir)
-  bin_dir = _install.bin_dir(install_dir)
+  if harness.name == "mini_swe_agent":   # a Python package of this interpreter, not npm
+    program, bin_dir = sys.executable, os.path.dirname(sys.executable)
+  else:
+    program = _install.executable(harness.name, install_dir)
+    bin_dir = _install.bin_dir(install_dir)
   files = harness.setup(base_url, model, workdir, limits)
   for path, text in files.items():
     try:

@@ -11,12 +11,13 @@ talking to the engine through the proxy takes three real steps and submits.
 from __future__ import annotations
 
 import json
+import os
+import sys
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
 from flax import nnx
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from chat_training import train_on_chats, training_example  # noqa: E402  (tests/ helper)
 
 BASH_TOOL = {"type": "function", "function": {
   "name": "bash", "description": "Execute a bash command",
@@ -41,51 +42,9 @@ def conversation(call_ids=("call_0", "call_1", "call_2")) -> list[dict]:
   return messages
 
 
-def _training_example(tokenizer) -> tuple[np.ndarray, np.ndarray]:
-  """(ids, weights): the rendered chat encoded at once, weight 1 on each assistant turn's
-  tokens up to and including its <|im_end|>, 0 elsewhere."""
-  messages = conversation()
-  text = tokenizer.render_chat_text(messages, [BASH_TOOL], add_generation_prompt=False)
-  spans = []
-  for i, message in enumerate(messages):
-    if message["role"] == "assistant":
-      start = len(tokenizer.render_chat_text(messages[:i], [BASH_TOOL],
-                                             add_generation_prompt=True))
-      spans.append((start, text.index("<|im_end|>", start) + len("<|im_end|>")))
-  encoding = tokenizer.hf(text, add_special_tokens=False, return_offsets_mapping=True)
-  ids = encoding["input_ids"]
-  weights = [1.0 if any(a <= lo and hi <= b for a, b in spans) else 0.0
-             for lo, hi in encoding["offset_mapping"]]
-  assert ids == tokenizer.encode(text)
-  return np.asarray(ids, np.int32), np.asarray(weights, np.float32)
-
-
 def train_agent(model: nnx.Module, tokenizer, *, steps: int = 300, stop_loss: float = 0.02,
                 learning_rate: float = 3e-3) -> float:
   """Train `model` in place on the conversation; returns the final loss (nats per token)."""
-  ids, weights = _training_example(tokenizer)
-  inputs = jnp.asarray(ids[None, :-1])
-  targets = jnp.asarray(ids[None, 1:])
-  mask = jnp.asarray(weights[None, 1:])
-  positions = jnp.arange(inputs.shape[1])[None]
-  segments = jnp.ones_like(inputs)
-  optimizer = nnx.Optimizer(model, optax.adam(learning_rate), wrt=nnx.Param)
-
-  @nnx.jit
-  def step(model, optimizer):
-    def loss_fn(model):
-      logits, _ = model(inputs, positions, segments)
-      logp = jax.nn.log_softmax(logits, axis=-1)
-      nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-      return jnp.sum(nll * mask) / jnp.sum(mask)
-
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    optimizer.update(model, grads)
-    return loss
-
-  loss = None
-  for _ in range(steps):
-    loss = step(model, optimizer)
-    if float(loss) < stop_loss:
-      break
-  return float(loss)
+  example = training_example(tokenizer, conversation(), [BASH_TOOL])
+  return train_on_chats(model, [example], steps=steps, stop_loss=stop_loss,
+                        learning_rate=learning_rate)

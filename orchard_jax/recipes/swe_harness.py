@@ -1,0 +1,146 @@
+"""The SWE domain's harness choice (`agent.harness`): the built-in bash agent, or an external
+harness run inside the task's sandbox.
+
+| agent.harness   | runs where                   | wire the proxy serves | recorded                      |
+|-----------------|------------------------------|-----------------------|-------------------------------|
+| bash            | trainer process, env API      | chat completions      | ModelCall per call            |
+| mini_swe_agent  | inside the sandbox            | chat completions      | ModelCall per call + .traj    |
+| codex           | inside the sandbox            | Responses             | ModelCall per call + rollout  |
+| claude_code     | inside the sandbox            | Messages              | ModelCall per call + transcript|
+
+An external harness gets the repository as its working folder and the proxy's per-session
+URL as its model endpoint; its sandbox's egress allow-list holds that endpoint only. Its final
+workspace diff (`patches.diff_script` against the base commit, as the built-in agent's
+submission is) is graded exactly as the built-in agent's patch, and its own logs and
+trajectory files are written beside the rollout's evaluation logs (`<log_dir>/harness/`).
+
+The CLIs' first prompts are 8-16k tokens (their system prompts and tool schemas), so
+`check_harness_config` raises the embedded engine's context and the RL sequence length to
+`CLI_CONTEXT_TOKENS` when they are smaller, saying so.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import urllib.parse
+from typing import Any, Mapping, Optional
+
+from ml_collections import ConfigDict
+
+from orchard_jax.recipes import ConfigError
+
+_log = logging.getLogger(__name__)
+
+HARNESSES = ("bash", "mini_swe_agent", "codex", "claude_code")
+CLI_CONTEXT_TOKENS = 24576    # Claude Code's first prompt is ~15.6k tokens, Codex's ~8.4k
+EXIT_SUBMITTED, EXIT_HARNESS_FAILED, EXIT_TIME = "Submitted", "HarnessFailed", "TimeExceeded"
+
+
+def check_harness_config(config: ConfigDict) -> None:
+  """Checks agent.harness before any work, installs nothing, and makes room for the CLIs'
+  prompts (module docstring).
+
+  Raises:
+    ConfigError: an unknown harness, or a CLI that is not installed (naming the command that
+      installs it).
+  """
+  name = str(config.agent.get("harness", "bash"))
+  if name not in HARNESSES:
+    raise ConfigError(f"agent.harness is {name!r}; expected one of {', '.join(HARNESSES)}")
+  if name in ("codex", "claude_code"):
+    from orchard_jax.harness import HarnessError, install
+    try:
+      install.executable(name)
+    except HarnessError as e:
+      raise ConfigError(f"agent.harness={name}: {e}") from None
+    for block, field in (("engine", "max_seq_len"), ("rl", "seq_len")):
+      if block in config and int(config[block][field]) < CLI_CONTEXT_TOKENS and not (
+          block == "engine" and str(config.engine.urls).strip()):
+        print(f"agent.harness={name}: {block}.{field} raised from {config[block][field]} to "
+              f"{CLI_CONTEXT_TOKENS} (the CLI's first prompt alone is 8-16k tokens)", flush=True)
+        config[block][field] = CLI_CONTEXT_TOKENS
+
+
+def proxy_origin(base_url: str) -> str:
+  """scheme://host:port of a proxy session URL (what the sandbox's egress allow-list holds)."""
+  parts = urllib.parse.urlsplit(base_url)
+  return f"{parts.scheme}://{parts.netloc}"
+
+
+def run_cli_episode(instance, client, base_url: str, *, harness: str, model: str,
+                    agent: Any, session_id: Optional[str], attempt: int,
+                    sampling: Optional[Mapping] = None, evaluate_patch: bool = True,
+                    log_dir: Optional[str] = None):
+  """One rollout of an external harness on `instance`: the harness in a fresh sandbox of the
+  instance's image (egress: the proxy only), its workspace diff graded in another.
+
+  Args:
+    instance: an SWE instance with a test_spec.
+    client: an Orchard Env SandboxClient.
+    base_url: the proxy's per-session OpenAI base URL (`http://HOST:PORT/sessions/ID/v1`).
+    harness: "codex", "claude_code" or "mini_swe_agent".
+    model: the model name the harness sends.
+    agent: the harness.AgentConfig (its wall_time_limit_s and step_limit bound the run).
+    session_id, attempt: stored on the trajectory.
+    sampling: the rollout's sampling settings (max_tokens bounds one call's output).
+    evaluate_patch: grade the diff.
+    log_dir: the rollout's log folder; the harness's logs go to `<log_dir>/harness/`.
+  Returns:
+    A `data.Trajectory` (exit_status Submitted / HarnessFailed / TimeExceeded; submission is
+    the diff; metadata names the harness, its exit code and its log files).
+  """
+  from orchard_jax import data
+  from orchard_jax.harness.cli_harness import HarnessLimits, get_cli_harness, run_cli_harness
+  from orchard_jax.recipes import swe
+  from orchard_jax.tasks.swe import evaluation, patches, testbed
+
+  cli = get_cli_harness(harness)
+  workdir = instance.test_spec.workdir
+  limits = HarnessLimits(timeout_s=float(agent.wall_time_limit_s), max_turns=int(agent.step_limit),
+                         max_output_tokens=int((sampling or {}).get("max_tokens") or 4096))
+  factory = swe.sandbox_factory(client, egress=[proxy_origin(base_url)])
+  with factory(instance) as sandbox:
+    ready = sandbox.run(testbed.setup_script(instance, workdir=workdir), timeout_s=300)
+    if ready.exit_code != 0:
+      raise evaluation.EvaluationError(
+          f"{instance.instance_id}: workspace setup failed: {ready.output[-500:]}")
+    box = sandbox.box
+    run = run_cli_harness(cli, box, instance.problem_statement,
+                          base_url=box.egress_url(base_url), workdir=workdir, model=model,
+                          limits=limits,
+                          diff_command=patches.diff_script(instance.base_commit, workdir=workdir))
+  status = (EXIT_TIME if run.timed_out else EXIT_SUBMITTED if run.exit_code == 0
+            else EXIT_HARNESS_FAILED)
+  logs = _write_logs(run.logs, log_dir)
+  trajectory = data.Trajectory(
+      trajectory_id=session_id or f"{instance.instance_id}-{attempt}",
+      task_id=instance.instance_id, attempt=attempt, session_id=session_id, messages=[],
+      exit_status=status, submission=run.patch,
+      metadata={"harness": harness, "wire": cli.wire, "harness_exit_code": run.exit_code,
+                "harness_wall_s": run.wall_s, "harness_logs": logs,
+                "harness_output_tail": run.output[-2000:]})
+  if evaluate_patch:
+    with swe.sandbox_factory(client)(instance) as sandbox:
+      graded = evaluation.evaluate_in_sandbox(sandbox, instance, run.patch, log_dir=log_dir)
+    trajectory.outcome = {"resolved": graded.resolved, "status": graded.outcome,
+                          **(graded.tests.to_dict() if graded.tests else {})}
+  return trajectory
+
+
+def _write_logs(logs: Mapping[str, str], log_dir: Optional[str]) -> list[str]:
+  """Writes the harness's logs under `<log_dir>/harness/`; returns their paths."""
+  if not log_dir:
+    return []
+  folder = os.path.join(log_dir, "harness")
+  paths = []
+  for name, text in logs.items():
+    path = os.path.join(folder, *[p for p in name.split("/") if p not in ("", ".", "..")])
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text)
+    paths.append(path)
+  return paths
+
+
+__all__ = ["CLI_CONTEXT_TOKENS", "HARNESSES", "check_harness_config", "proxy_origin",
+           "run_cli_episode"]
