@@ -44,8 +44,10 @@ def swe_env():
 
 
 def swe_agent():
-  """Limits of the bash agent (orchard_jax.harness.AgentConfig)."""
+  """The SWE harness and its limits (orchard_jax.harness.AgentConfig; for an external harness,
+  step_limit and wall_time_limit_s bound its run)."""
   return ml_collections.ConfigDict(dict(
+      harness="bash",                # bash (built-in) | mini_swe_agent | codex | claude_code
       step_limit=30, wall_time_limit_s=900.0, max_consecutive_format_errors=3,
       command_timeout_s=60.0, output_limit_chars=10000))
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 from typing import Iterator, Mapping, Optional, Sequence
@@ -225,7 +226,10 @@ def sandbox_client(env: ConfigDict) -> Iterator:
     return
   from orchard_jax.env.backends.local import LocalBackend
   from orchard_jax.env.orchestrator import Orchestrator
-  with Orchestrator(LocalBackend()) as service, \
+  from orchard_jax.harness import install
+  # The external harness CLIs (agent.harness) run inside sandboxes from their install folder.
+  shown = [install.harness_dir()] if os.path.isdir(install.harness_dir()) else []
+  with Orchestrator(LocalBackend(host_paths=shown)) as service, \
       SandboxClient(service.url, service.api_key) as client:
     yield client
 
@@ -353,8 +357,9 @@ def agent_config(agent: ConfigDict, workdir: str = "/testbed"):
 def run_episode(instance: SWEInstance, client, base_url: str, *, model: str = "default",
                 config=None, session_id: str | None = None, attempt: int = 0,
                 sampling: Mapping | None = None, evaluate_patch: bool = True,
-                log_dir: str | None = None):
-  """One rollout: the bash agent on `instance` in a fresh sandbox, then grading in another.
+                log_dir: str | None = None, harness: str = "bash"):
+  """One rollout: the bash agent (or the external `harness`, run inside the sandbox by
+  `swe_harness.run_cli_episode`) on `instance` in a fresh sandbox, then grading in another.
 
   Args:
     instance: an instance with a test_spec.
@@ -375,6 +380,12 @@ def run_episode(instance: SWEInstance, client, base_url: str, *, model: str = "d
   from orchard_jax.harness import AgentConfig, BashAgent, ChatModel
   workdir = instance.test_spec.workdir
   config = dataclasses.replace(config or AgentConfig(), workdir=workdir)
+  if harness != "bash":
+    from orchard_jax.recipes import swe_harness
+    return swe_harness.run_cli_episode(
+        instance, client, base_url, harness=harness, model=model, agent=config,
+        session_id=session_id, attempt=attempt, sampling=sampling,
+        evaluate_patch=evaluate_patch, log_dir=log_dir)
   factory = sandbox_factory(client)
   with factory(instance) as sandbox:
     ready = sandbox.run(testbed.setup_script(instance, workdir=workdir), timeout_s=300)
@@ -521,10 +532,11 @@ class _Run:
 
   def __init__(self, config: ConfigDict):
     from orchard_jax import data, parallel
-    from orchard_jax.recipes import swe_policy
+    from orchard_jax.recipes import swe_harness, swe_policy
     self.config = config
     if config.policy.init:                   # a typo fails now, not after the task set
       swe_policy.check_checkpoint(config.policy.init, field="policy.init")
+    swe_harness.check_harness_config(config)  # a CLI harness needs its install and the context
     if not str(config.engine.urls).strip():  # the embedded engine's sizes, likewise
       swe_policy.engine_config(config.engine)
     self.dir = run_dir(config)
@@ -689,7 +701,8 @@ def _runner(run: _Run, service, env_client, *, judge=None, experiment: str, log_
                 "max_tokens": int(c.sampling.max_tokens)},
       judge=judge, rpr_alpha=float(c.rl.rpr_alpha), experiment=experiment,
       parallel=int(c.rl.parallel_rollouts), rollout_timeout_s=float(c.rl.rollout_timeout_s),
-      judge_workers=int(c.judge.max_workers), log_dir=os.path.join(run.dir, "logs", log_name))
+      judge_workers=int(c.judge.max_workers), log_dir=os.path.join(run.dir, "logs", log_name),
+      episode_fn=functools.partial(run_episode, harness=str(c.agent.get("harness", "bash"))))
 
 
 def _final_eval(run: _Run, service, env_client, train_instances, *, policy_version,
