@@ -20,7 +20,7 @@ event stream and its trajectory files (Codex's `sessions/**/rollout-*.jsonl`, Cl
 `projects/**/*.jsonl`).
 
 The CLIs come from `harness/install.py` (pinned npm versions in a folder the sandbox shows
-read-only: pass `install.harness_dir()` to `LocalBackend(host_paths=...)`).
+read-only: pass `install.harness_dir()` to `LocalBackend(shared_paths=...)`).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Codex CLI (`@openai/codex`) and Claude Code (`@anthropic-ai/claude-code`) run inside each task's
 sandbox, so they are installed once on the host into one npm prefix, which the local sandbox
-backend shows read-only in every sandbox at the same path (`LocalBackend(host_paths=...)`).
+backend shows read-only in every sandbox at the same path (`LocalBackend(shared_paths=...)`).
 Node.js comes from npm as well (the `node` package, pinned): Claude Code declares Node >= 22
 and Codex's launcher is a Node script, and a machine's own Node may be older or absent.
 Both CLIs ship their native programs as per-platform npm packages, installed alongside.

@@ -229,7 +229,7 @@ def sandbox_client(env: ConfigDict) -> Iterator:
   from orchard_jax.harness import install
   # The external harness CLIs (agent.harness) run inside sandboxes from their install folder.
   shown = [install.harness_dir()] if os.path.isdir(install.harness_dir()) else []
-  with Orchestrator(LocalBackend(host_paths=shown)) as service, \
+  with Orchestrator(LocalBackend(shared_paths=shown)) as service, \
       SandboxClient(service.url, service.api_key) as client:
     yield client
 

@@ -75,7 +75,7 @@ def world(tmp_path_factory):
     upstream = _CapturingUpstream(server.url)
     with RecordingProxy(upstream, tokenizer=tokenizer, store=store, served_model_name="orchard",
                         sampling_defaults={"max_new_tokens": 96}) as proxy, \
-         Orchestrator(LocalBackend(host_paths=[install.harness_dir()])) as service, \
+         Orchestrator(LocalBackend(shared_paths=[install.harness_dir()])) as service, \
          SandboxClient(service.url, service.api_key) as client:
       yield dict(tokenizer=tokenizer, model=model, engine=engine, proxy=proxy, store=store,
                  upstream=upstream, client=client)

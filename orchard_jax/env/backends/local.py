@@ -80,6 +80,9 @@ class LocalBackend(Backend):
     default_disk: bytes of the workspace and of /tmp when a request gives none.
     sandbox_uid, sandbox_gid: host ids commands run as when the service runs as root.
     user_namespace: None picks automatically (used when not root); True forces one.
+    shared_paths: host folders shown read-only at the same path in every sandbox, whatever
+      its image (host, layer or rootfs): tools the sandboxes run, such as the agent harness
+      CLIs installed by `python -m orchard_jax.harness install`.
     host_paths: extra host folders shown read-only in "host" images (e.g. a Python prefix
       outside /usr; the running interpreter's prefix is added automatically).
     bwrap: the bubblewrap executable.
@@ -96,6 +99,7 @@ class LocalBackend(Backend):
                strict_limits: bool = True, default_pids: Optional[int] = 4096,
                default_disk: int = 4 << 30, sandbox_uid: int = 65534, sandbox_gid: int = 65534,
                user_namespace: Optional[bool] = None, host_paths: Sequence[str] = (),
+               shared_paths: Sequence[str] = (),
                bwrap: str = "bwrap", start_timeout: float = 30.0, seccomp: bool = True):
     cache = _images.default_cache_dir()
     self.state_dir = os.path.abspath(state_dir or os.path.join(cache, "env", "local", "state"))
@@ -107,6 +111,7 @@ class LocalBackend(Backend):
     self.user_namespace = (not self.is_root) if user_namespace is None else user_namespace
     self.creds = None if self.user_namespace else {"uid": sandbox_uid, "gid": sandbox_gid}
     self.host_paths = list(host_paths)
+    self.shared_paths = [os.path.abspath(p) for p in shared_paths]
     prefix = os.path.realpath(sys.base_prefix)
     if not any(prefix == d or prefix.startswith(d + "/") for d in _HOST_DIRS):
       self.host_paths.append(prefix)
@@ -237,7 +242,7 @@ class LocalBackend(Backend):
     # Every folder on the way to a mount point is rebuilt in the sandbox's root tmpfs (its
     # entries bound one by one), so bwrap can create mount points below read-only folders.
     overridden = frozenset(path for path, _ in files if path != _SECCOMP_FILE)
-    points = [p for _, p in image.binds] + [workdir] + list(overridden)
+    points = [p for _, p in image.binds] + [workdir] + list(overridden) + self.shared_paths
     exploded = {os.path.dirname(p) for p in points}
     for p in list(exploded):
       while p not in ("/", ""):
@@ -256,6 +261,8 @@ class LocalBackend(Backend):
         argv += ["--perms", "0755", "--dir", p]
     for src, point in image.binds:
       argv += ["--ro-bind", src, point]
+    for path in self.shared_paths:   # parents rebuilt above; made traversable here
+      argv += _open_parents(path, every=True) + ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev",
              "--perms", "1777", "--size", str(disk), "--tmpfs", "/tmp",
              "--perms", "0777", "--size", str(disk), "--tmpfs", workdir]
@@ -1015,14 +1022,15 @@ class _LocalPty(PtySession):
       self.master = None
 
 
-def _open_parents(path: str) -> list:
+def _open_parents(path: str, every: bool = False) -> list:
   """bwrap arguments making the folders above a host path shown in the sandbox traversable
-  (0755) when no host folder is mirrored there: a host path under a private home folder
-  (/root is 0700) would otherwise sit below a folder the sandbox user cannot enter."""
+  (0755) when no host folder is mirrored there (`every`: all of them, each being a folder of
+  the root tmpfs): a host path under a private home folder (/root is 0700) would otherwise
+  sit below a folder the sandbox user cannot enter."""
   parents = []
   p = os.path.dirname(path)
   while p not in ("/", ""):
-    if any(p == d or p.startswith(d + "/") for d in _HOST_DIRS):
+    if not every and any(p == d or p.startswith(d + "/") for d in _HOST_DIRS):
       break
     parents.append(p)
     p = os.path.dirname(p)
