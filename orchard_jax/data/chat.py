@@ -105,3 +105,13 @@ QWEN3_CHAT_TEMPLATE = r"""
   {%- endif -%}
 {%- endif -%}
 """.strip()
+
+
+_TEXT_PART = """      {%- elif part is mapping and part.get('type') == 'text' -%}
+        {{- part.get('text', '') -}}
+"""
+_IMAGE_PART = """      {%- elif part is mapping and part.get('type') in ('image_url', 'image') -%}
+        {{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+"""
+assert _TEXT_PART in QWEN3_CHAT_TEMPLATE
+QWEN3_VL_CHAT_TEMPLATE = QWEN3_CHAT_TEMPLATE.replace(_TEXT_PART, _TEXT_PART + _IMAGE_PART)

@@ -14,6 +14,13 @@ A batch is a dict of numpy arrays, all [batch_size, seq_len]:
   sequence's label, e.g. its trajectory's resolved outcome, on all of its tokens; 0 on padding:
   what `train.ValueLoss` reads). Per-token values keep the alignment of the sequences: the
   value at [b, t] describes predicting input_ids[b, t].
+
+Vision-language sequences (TrainingSequence.images) also take image slots: each row holds at
+most `images_per_row` images, and `PackedData.row_images[batch][row]` lists the digests of the
+images of that row in placeholder order (train.multimodal turns them into pixel arrays and 3-D
+position ids beside the batch). A sequence cut by truncation keeps only whole images: the cut
+moves back to the start of an image it would split, and to the start of the first image
+beyond the row's slots.
 """
 from __future__ import annotations
 
@@ -84,17 +91,22 @@ class PackedData:
     batches: fixed-shape batches (see the module docstring).
     placements: one per input sequence, None for a sequence left out.
     stats: `PackingStats`.
+    row_images: with images, per batch and row the image digests in placeholder order
+      (None when no sequence has images).
   """
   batches: list[PackedBatch]
   placements: list[Placement | None]
   stats: PackingStats
+  row_images: list[list[tuple[str, ...]]] | None = None
 
 
 def pack_sequences(sequences: Sequence[TrainingSequence], *, batch_size: int, seq_len: int,
                    data_parallel_size: int = 1, overflow: str = "truncate", seed: int = 0,
                    shuffle: bool = True, num_batches: int | None = None,
                    num_batches_multiple_of: int = 1, pad_id: int = 0,
-                   value_labels: Sequence[float] | None = None) -> PackedData:
+                   value_labels: Sequence[float] | None = None,
+                   images_per_row: int | None = None,
+                   image_token_id: int | None = None) -> PackedData:
   """Pack sequences into fixed-shape batches by first-fit decreasing.
 
   Deterministic: the same sequences, arguments and seed give the same batches. Ties in length
@@ -121,6 +133,9 @@ def pack_sequences(sequences: Sequence[TrainingSequence], *, batch_size: int, se
       when given, every batch carries `value_labels` [batch_size, seq_len] with each
       sequence's label on its tokens (a scalar per segment, as docs/algorithms.md section 6 trains
       at the final token or every prefix of a trajectory) and 0 on padding.
+    images_per_row: image slots per row; required when a sequence has images. A sequence with
+      more images than this overflows (the overflow policy applies).
+    image_token_id: the image placeholder id; required with images (cuts keep whole images).
   Returns:
     `PackedData` (batches, placements, stats). With no data and num_batches None, zero batches.
   Raises:
@@ -138,6 +153,11 @@ def pack_sequences(sequences: Sequence[TrainingSequence], *, batch_size: int, se
   if num_batches_multiple_of <= 0:
     raise PackingError(f"num_batches_multiple_of must be >= 1, got {num_batches_multiple_of}")
   optional = _optional_keys(sequences)
+  with_images = any(seq.images for seq in sequences)
+  if with_images and (not images_per_row or images_per_row < 1 or image_token_id is None):
+    raise PackingError(
+      "sequences carry images: pass images_per_row >= 1 (image slots of a row) and "
+      f"image_token_id; got {images_per_row} and {image_token_id}")
   if value_labels is not None:
     value_labels = np.asarray(value_labels, np.float32)
     if value_labels.shape != (len(sequences),):
@@ -147,30 +167,43 @@ def pack_sequences(sequences: Sequence[TrainingSequence], *, batch_size: int, se
       raise PackingError("value_labels holds NaN or infinity; labels are resolved outcomes "
                          "(1.0 or 0.0) or probabilities")
 
-  kept, lengths = [], []
+  kept, lengths, image_counts = [], [], []
   truncated = dropped_long = dropped_empty = lost_loss = 0
   for i, seq in enumerate(sequences):
     n = len(seq)
-    if n > seq_len:
+    runs = _image_runs(seq, image_token_id, i) if with_images else []
+    too_many = len(runs) > (images_per_row or 0)
+    if n > seq_len or too_many:
+      what = (f"{n} tokens, more than seq_len {seq_len}" if n > seq_len else
+              f"{len(runs)} images, more than images_per_row {images_per_row}")
       if overflow == "error":
-        raise PackingError(
-          f"sequence {i} has {n} tokens, more than seq_len {seq_len} (overflow='error')")
+        raise PackingError(f"sequence {i} has {what} (overflow='error')")
       if overflow == "drop":
         dropped_long += 1
         continue
       truncated += 1
-      lost_loss += int(np.count_nonzero(seq.loss_weights[seq_len:]))
-      n = seq_len
+      n = min(n, seq_len)
+      if too_many:
+        n = min(n, runs[images_per_row][0])
+      for start, end in runs:
+        if start < n < end:
+          n = start                               # never split an image
+      lost_loss += int(np.count_nonzero(seq.loss_weights[n:]))
     if not np.any(seq.loss_weights[:n]):
       dropped_empty += 1
       continue
     kept.append(i)
     lengths.append(n)
+    image_counts.append(sum(end <= n for _, end in runs))
 
   rng = np.random.default_rng(seed)
   tie_break = rng.permutation(len(kept))
   order = sorted(range(len(kept)), key=lambda k: (-lengths[k], tie_break[k]))
-  row_of, start_of, row_fill = _first_fit(lengths, order, seq_len)
+  if with_images:
+    row_of, start_of, row_fill = _first_fit_two(lengths, image_counts, order, seq_len,
+                                                images_per_row)
+  else:
+    row_of, start_of, row_fill = _first_fit(lengths, order, seq_len)
   num_rows = len(row_fill)
   row_order = rng.permutation(num_rows) if shuffle else np.arange(num_rows)
 
@@ -195,8 +228,11 @@ def pack_sequences(sequences: Sequence[TrainingSequence], *, batch_size: int, se
   slot[row_order] = np.arange(num_rows)  # final row index of each first-fit row
   segments_in_row = np.zeros(num_rows, np.int32)
   placements: list[Placement | None] = [None] * len(sequences)
+  images_of_row: list[list[str]] = [[] for _ in range(total_batches * batch_size)]
   for k in order:  # placement order, so segment ids increase along each row
     i, n, r, start = kept[k], lengths[k], row_of[k], start_of[k]
+    if with_images:
+      images_of_row[slot[r]].extend(sequences[i].images[:image_counts[k]])
     seq, out = sequences[i], slot[r]
     segments_in_row[r] += 1
     span = slice(start, start + n)
@@ -225,7 +261,44 @@ def pack_sequences(sequences: Sequence[TrainingSequence], *, batch_size: int, se
     padding_rows=total_batches * batch_size - num_rows, batches=total_batches, tokens=tokens,
     loss_tokens=int(np.count_nonzero(arrays["loss_weights"])),
     fill=tokens / (total_batches * batch_size * seq_len) if total_batches else 0.0)
-  return PackedData(batches, placements, stats)
+  row_images = None
+  if with_images:
+    row_images = [[tuple(images_of_row[b * batch_size + r]) for r in range(batch_size)]
+                  for b in range(total_batches)]
+  return PackedData(batches, placements, stats, row_images)
+
+
+def _image_runs(seq: TrainingSequence, image_token_id: int, index: int) -> list[tuple[int, int]]:
+  """(start, end) of each image placeholder run of seq, checked against its images."""
+  is_image = np.concatenate([[False], seq.input_ids == image_token_id, [False]])
+  edges = np.flatnonzero(is_image[1:] != is_image[:-1])
+  runs = [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
+  if len(runs) != len(seq.images):
+    raise PackingError(f"sequence {index} lists {len(seq.images)} images but its ids hold "
+                       f"{len(runs)} runs of the image placeholder {image_token_id}")
+  return runs
+
+
+def _first_fit_two(lengths: list[int], images: list[int], order: list[int], capacity: int,
+                   slots: int) -> tuple[list[int], list[int], list[int]]:
+  """First fit with two capacities per row (tokens and image slots): each item goes to the
+  lowest row with room for both. Returns (row of each item, start of each item, fill per
+  row)."""
+  free_tokens: list[int] = []
+  free_slots: list[int] = []
+  row_of, start_of = [0] * len(lengths), [0] * len(lengths)
+  for k in order:
+    for row in range(len(free_tokens)):
+      if free_tokens[row] >= lengths[k] and free_slots[row] >= images[k]:
+        break
+    else:
+      free_tokens.append(capacity)
+      free_slots.append(slots)
+      row = len(free_tokens) - 1
+    row_of[k], start_of[k] = row, capacity - free_tokens[row]
+    free_tokens[row] -= lengths[k]
+    free_slots[row] -= images[k]
+  return row_of, start_of, [capacity - f for f in free_tokens]
 
 
 def _optional_keys(sequences: Sequence[TrainingSequence]) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from orchard_jax.data.errors import StoreError
+from orchard_jax.data.images import is_digest
 
 MODEL_CALL = "model_call"
 TRAJECTORY = "trajectory"
@@ -60,6 +61,10 @@ class ModelCall:
     sampling_params: temperature, top_p, max_new_tokens, ... as sent.
     started_at, finished_at: unix time in seconds.
     metadata: anything else (usage, upstream URL, errors).
+    images: content digests ("sha256:<hex>", data.images.image_digest) of the images whose
+      placeholder runs appear in prompt_ids, in order; the images themselves are blobs of the
+      trajectory store (TrajectoryStore.put_image), and image parts of `messages` name them
+      by the same digests. Empty for a text-only prompt.
   """
   session_id: str
   call_index: int
@@ -79,8 +84,12 @@ class ModelCall:
   started_at: float = 0.0
   finished_at: float = 0.0
   metadata: dict = dataclasses.field(default_factory=dict)
+  images: list[str] = dataclasses.field(default_factory=list)
 
   def __post_init__(self):
+    self.images = [str(d) for d in self.images]
+    _check(all(is_digest(d) for d in self.images), "images",
+           "image digests 'sha256:<64 hex digits>'", self.images)
     self.prompt_ids = _as_list(self.prompt_ids, int)
     self.output_ids = _as_list(self.output_ids, int)
     self.output_logprobs = _as_list(self.output_logprobs, float)
@@ -107,7 +116,7 @@ class ModelCall:
   def to_dict(self) -> dict[str, Any]:
     """JSON-compatible dict with "kind": "model_call" first."""
     # dataclasses.asdict deep-copies every id one by one (milliseconds per long prompt).
-    ids = ("prompt_ids", "output_ids", "output_logprobs")
+    ids = ("prompt_ids", "output_ids", "output_logprobs", "images")
     return {"kind": MODEL_CALL, **{
       f.name: list(getattr(self, f.name)) if f.name in ids else copy.deepcopy(getattr(self, f.name))
       for f in dataclasses.fields(self)}}

@@ -9,6 +9,12 @@ Token alignment (docs/contracts.md): every per-token array describes predicting 
 tokens before it. Sampled tokens get loss weight 1 and their recorded log-prob; prompt, tool
 output and template tokens get weight 0 and log-prob 0. The first token never carries weight.
 
+Images (vision-language calls): a sequence carries the digests of the images whose placeholder
+runs appear in its ids, in order (`TrainingSequence.images`); a call extends the current
+sequence only when its ids extend the recorded ids *and* its first images are the recorded
+ones, so a harness that swaps a screenshot for another of the same size (same placeholder
+ids) starts a new sequence instead of training on the wrong image.
+
 Text-only records (a hosted teacher returned text, no ids) have nothing sampled to align with.
 The SFT path tokenises them with the student's chat template exactly as inference would see
 them: the prompt rendered with the generation prompt and encoded on its own, then the
@@ -18,11 +24,13 @@ its own. The RL path refuses them (`TextOnlyRecordError`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
 from orchard_jax.data.errors import ChatTemplateError, DataError, TextOnlyRecordError
+from orchard_jax.data.images import (ImageError, expand_image_tokens, image_bytes, image_digest,
+                                     image_parts, is_digest)
 from orchard_jax.data.records import ModelCall, chat_messages
 
 
@@ -44,6 +52,8 @@ class TrainingSequence:
     session_id, segment_index, call_indices: provenance.
     logprobs_known: False when old_logprobs are placeholders (text-only SFT data).
     metadata: anything a recipe wants to carry along (trajectory_id, reward, ...).
+    images: digests of the images whose placeholder runs appear in input_ids, in order
+      (vision-language sequences; data.images, TrajectoryStore.get_image).
   """
   input_ids: np.ndarray
   loss_weights: np.ndarray
@@ -58,8 +68,10 @@ class TrainingSequence:
   call_indices: tuple[int, ...] = ()
   logprobs_known: bool = True
   metadata: dict = dataclasses.field(default_factory=dict)
+  images: tuple[str, ...] = ()
 
   def __post_init__(self):
+    self.images = tuple(self.images)
     self.input_ids = np.asarray(self.input_ids, dtype=np.int32)
     n = len(self.input_ids)
     self.loss_weights = _vector(self.loss_weights, n, np.float32, "loss_weights")
@@ -108,7 +120,9 @@ class TrainingSequence:
 
 
 def sequences_from_model_calls(calls: Iterable[ModelCall], *, mode: Literal["rl", "sft"],
-                               tokenizer: Any = None) -> list[TrainingSequence]:
+                               tokenizer: Any = None,
+                               image_tokens: Callable[[str], int] | None = None
+                               ) -> list[TrainingSequence]:
   """Turn recorded model calls into training sequences, one session at a time.
 
   Calls are grouped by session and taken in call_index order; calls the caller never got
@@ -124,6 +138,8 @@ def sequences_from_model_calls(calls: Iterable[ModelCall], *, mode: Literal["rl"
       calls are tokenised with `tokenizer`'s chat template; missing log-probs become 0 with
       logprobs_known=False).
     tokenizer: the student's `Tokenizer`; needed in SFT mode when a call is text-only.
+    image_tokens: digest -> the image's language-model token count (its processed grid),
+      needed to tokenise a text-only call whose messages show images.
   Returns:
     Sequences with at least one loss token, ordered by session then position.
   Raises:
@@ -152,7 +168,7 @@ def sequences_from_model_calls(calls: Iterable[ModelCall], *, mode: Literal["rl"
           raise DataError(
             f"session {session_id!r} call {call.call_index} is text-only: SFT needs the "
             "student's tokenizer to tokenise it (pass tokenizer=...)")
-        pieces.append(_tokenise_text_only(call, tokenizer))
+        pieces.append(_tokenise_text_only(call, tokenizer, image_tokens))
       else:
         if mode == "rl" and not call.has_logprobs:
           raise DataError(
@@ -160,7 +176,8 @@ def sequences_from_model_calls(calls: Iterable[ModelCall], *, mode: Literal["rl"
             "ids but no output_logprobs; RL needs the sampling log-probs (request them with "
             "return_logprob / logprobs=true)")
         logprobs = call.output_logprobs or [0.0] * len(call.output_ids)
-        pieces.append((call.prompt_ids, call.output_ids, logprobs, bool(call.output_logprobs)))
+        pieces.append((call.prompt_ids, call.output_ids, logprobs, bool(call.output_logprobs),
+                       tuple(call.images)))
     result.extend(_join(session_id, ordered, pieces))
   return result
 
@@ -228,12 +245,15 @@ def lm_sequences(texts: Iterable[str], tokenizer: Any, *, max_len: int) -> list[
   return result
 
 
-def _tokenise_text_only(call: ModelCall, tokenizer: Any):
-  """(prompt ids, completion ids, zero log-probs, False) of a text-only call, as inference
-  would have tokenised it."""
-  if call.response is None:
-    return list(tokenizer.render_chat(call.messages, call.tools)), [], [], False
+def _tokenise_text_only(call: ModelCall, tokenizer: Any,
+                        image_tokens: Callable[[str], int] | None = None):
+  """(prompt ids, completion ids, zero log-probs, False, image digests) of a text-only call, as
+  inference would have tokenised it (image placeholders widened to each image's tokens)."""
   messages = chat_messages(call.messages)
+  digests = tuple(call.images) or _digests_of(messages)
+  if call.response is None:
+    prompt = list(tokenizer.render_chat(call.messages, call.tools))
+    return _expand(prompt, digests, call, tokenizer, image_tokens), [], [], False, digests
   response = chat_messages([{"role": "assistant", **call.response}])[0]
   prompt = tokenizer.render_chat_text(messages, call.tools, add_generation_prompt=True)
   full = tokenizer.render_chat_text(messages + [response], call.tools,
@@ -248,18 +268,47 @@ def _tokenise_text_only(call: ModelCall, tokenizer: Any):
   stops = [i for i, t in enumerate(completion) if t in set(tokenizer.stop_ids)]
   if stops:
     completion = completion[:stops[-1] + 1]  # what follows the end-of-turn is template
-  return tokenizer.encode(prompt), completion, [0.0] * len(completion), False
+  prompt_ids = _expand(tokenizer.encode(prompt), digests, call, tokenizer, image_tokens)
+  return prompt_ids, completion, [0.0] * len(completion), False, digests
+
+
+def _digests_of(messages) -> tuple[str, ...]:
+  """Digests of a chat's images: recorded messages name them by digest already; an image
+  given as data (a data URL) is hashed (the caller stores it: TrajectoryStore.put_image)."""
+  out = []
+  for source in image_parts(messages):
+    out.append(source if is_digest(source) else image_digest(image_bytes(source)))
+  return tuple(out)
+
+
+def _expand(ids, digests, call: ModelCall, tokenizer: Any,
+            image_tokens: Callable[[str], int] | None) -> list[int]:
+  """A rendered prompt's ids with each image's one placeholder widened to its tokens."""
+  if not digests:
+    return list(ids)
+  image_id = getattr(tokenizer, "image_token_id", None)
+  if image_id is None:
+    raise DataError(f"session {call.session_id!r} call {call.call_index} shows "
+                    f"{len(digests)} image(s) but the tokenizer has no <|image_pad|> token")
+  if image_tokens is None:
+    raise DataError(f"session {call.session_id!r} call {call.call_index} shows images: "
+                    "tokenising it needs image_tokens= (digest -> the image's token count)")
+  try:
+    return expand_image_tokens(ids, image_id, [image_tokens(d) for d in digests])
+  except ImageError as e:
+    raise DataError(f"session {call.session_id!r} call {call.call_index}: {e}") from e
 
 
 def _join(session_id: str, calls: Sequence[ModelCall], pieces) -> list[TrainingSequence]:
   sequences, current = [], None
-  for turn, (call, (prompt, output, logprobs, known)) in enumerate(zip(calls, pieces)):
+  for turn, (call, (prompt, output, logprobs, known, images)) in enumerate(zip(calls, pieces)):
     if not prompt:
       raise DataError(
         f"session {session_id!r} call {call.call_index} has an empty prompt; a sampled token "
         "needs at least one token before it")
     prompt = np.asarray(prompt, np.int32)
-    if current is not None and _extends(prompt, current["ids"]):
+    if (current is not None and _extends(prompt, current["ids"])
+        and images[:len(current["images"])] == current["images"]):
       context = prompt[sum(map(len, current["ids"])):]
     else:
       if current is not None:
@@ -267,6 +316,7 @@ def _join(session_id: str, calls: Sequence[ModelCall], pieces) -> list[TrainingS
       current = {"ids": [], "weights": [], "logprobs": [], "actions": [], "calls": [],
                  "segment": call.segment_index, "known": True}
       context = prompt
+    current["images"] = images
     n_out = len(output)
     current["ids"] += [context, np.asarray(output, np.int32)]
     current["weights"] += [np.zeros(len(context), np.float32), np.ones(n_out, np.float32)]
@@ -286,7 +336,7 @@ def _join(session_id: str, calls: Sequence[ModelCall], pieces) -> list[TrainingS
       input_ids=np.concatenate(s["ids"]), loss_weights=weights,
       old_logprobs=np.concatenate(s["logprobs"]), action_ids=np.concatenate(s["actions"]),
       session_id=session_id, segment_index=s["segment"], call_indices=tuple(s["calls"]),
-      logprobs_known=s["known"]))
+      logprobs_known=s["known"], images=s["images"]))
   return result
 
 

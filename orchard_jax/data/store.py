@@ -4,6 +4,9 @@ the harness.
 Layout of a store folder:
   model_calls/<shard>.jsonl     one `ModelCall` per line, written by the recording proxy
   trajectories/<shard>.jsonl    one `Trajectory` per line, written by recipes and harnesses
+  images/<aa>/<sha256 hex>      image blobs of vision-language calls, by content: each image
+                                is stored once however many calls and sessions show it
+                                (records name it by "sha256:<hex>", data.images.image_digest)
 Every writing process appends to its own shard files (named host-pid-time), so writers never
 interleave. A record is one `os.write` of one JSON line, flushed to the OS before `append_*`
 returns (and fsync'ed with durability="fsync"): a crash loses at most the line being written.
@@ -186,6 +189,58 @@ class TrajectoryStore:
       view = view[os.write(fd, view):]
     if self._fsync:
       os.fsync(fd)
+
+  def put_image(self, data: bytes) -> str:
+    """Stores an encoded image once (content-addressed) and returns its digest.
+
+    Atomic: the blob is written to a temporary file and renamed, so a reader sees the whole
+    image or none; storing an image the store holds already writes nothing.
+    """
+    from orchard_jax.data.images import image_digest
+
+    digest = image_digest(bytes(data))
+    path = self._image_path(digest)
+    if path.exists():
+      return digest
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(scratch, "wb") as f:
+      f.write(data)
+      if self._fsync:
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(scratch, path)
+    return digest
+
+  def get_image(self, digest: str) -> bytes:
+    """The encoded image stored under `digest` ("sha256:<hex>").
+
+    Raises:
+      StoreError: a malformed digest, no such image, or a blob whose content does not match
+        its digest (corrupted on disk).
+    """
+    from orchard_jax.data.images import image_digest
+
+    path = self._image_path(digest)
+    try:
+      data = path.read_bytes()
+    except FileNotFoundError:
+      raise StoreError(f"image {digest} is not in the store {self.root}") from None
+    if image_digest(data) != digest:
+      raise StoreError(f"image blob {path} does not match its digest {digest} (corrupted)")
+    return data
+
+  def has_image(self, digest: str) -> bool:
+    """Whether the store holds the image `digest`."""
+    return self._image_path(digest).exists()
+
+  def _image_path(self, digest: str) -> Path:
+    from orchard_jax.data.images import is_digest
+
+    if not is_digest(digest):
+      raise StoreError(f"expected an image digest 'sha256:<64 hex digits>', got {digest!r}")
+    hexdigest = digest.split(":", 1)[1]
+    return self.root / "images" / hexdigest[:2] / hexdigest
 
   # ---------------------------------------------------------------- reading
 

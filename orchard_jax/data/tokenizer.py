@@ -66,6 +66,7 @@ class Tokenizer:
     stop_ids: every id that ends generation: eos_id, <|im_end|> and <|endoftext|> when present,
       and the folder's generation_config.json eos_token_id list.
     pad_id: id used for padding (pad token, else <|endoftext|>, else eos).
+    image_token_id: id of <|image_pad|> (Qwen3-VL's image placeholder), or None.
   """
 
   def __init__(self, hf: Any, *, name: str, extra_stop_ids: Sequence[int] = ()):
@@ -88,6 +89,8 @@ class Tokenizer:
     self.stop_ids: tuple[int, ...] = tuple(dict.fromkeys(int(s) for s in stops if s is not None))
     pad = hf.pad_token_id if hf.pad_token_id is not None else endoftext
     self.pad_id: int = int(pad if pad is not None else self.eos_id)
+    # Qwen3-VL's image placeholder, when the vocabulary has it (vision-language tokenizers).
+    self.image_token_id: int | None = self.token_to_id("<|image_pad|>")
 
   def __repr__(self) -> str:
     return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size})"
@@ -224,7 +227,8 @@ def load_tokenizer(path_or_name: str | os.PathLike) -> Tokenizer:
   """Load a tokenizer: "tiny", a Hugging Face tokenizer folder, or a hub model name.
 
   Args:
-    path_or_name: "tiny" for the project's tiny BPE; a folder holding tokenizer.json and
+    path_or_name: "tiny" for the project's tiny BPE, "tiny_vl" for it with Qwen3-VL's vision
+      tokens and chat template (tiny_vl_tokenizer); a folder holding tokenizer.json and
       tokenizer_config.json (and optionally chat_template.jinja, generation_config.json); or a
       hub name such as "Qwen/Qwen3-30B-A3B" (needs network or the HF cache).
   Returns:
@@ -234,6 +238,8 @@ def load_tokenizer(path_or_name: str | os.PathLike) -> Tokenizer:
   """
   if str(path_or_name) == "tiny":
     return tiny_tokenizer()
+  if str(path_or_name) == "tiny_vl":
+    return tiny_vl_tokenizer()
   name = str(path_or_name)
   if not Path(name).exists() and (isinstance(path_or_name, os.PathLike)
                                   or name.startswith(("/", ".", "~"))):
@@ -278,6 +284,39 @@ def tiny_tokenizer(cache_dir: str | None = None) -> Tokenizer:
   Returns:
     The `Tokenizer`; vocab_size == 8192, chat template = `chat.QWEN3_CHAT_TEMPLATE`.
   """
+  from transformers import PreTrainedTokenizerFast
+
+  folder = _tiny_folder(cache_dir)
+  return Tokenizer(PreTrainedTokenizerFast.from_pretrained(str(folder)), name="tiny")
+
+
+@functools.lru_cache(maxsize=4)
+def tiny_vl_tokenizer(cache_dir: str | None = None) -> Tokenizer:
+  """The tiny tokenizer with Qwen3-VL's five vision tokens (<|vision_start|>, <|vision_end|>,
+  <|vision_pad|>, <|image_pad|>, <|video_pad|>: special, ids 8192..8196, in Qwen's order) and
+  `chat.QWEN3_VL_CHAT_TEMPLATE`: the tokenizer of the tiny_vl / small_vl model presets
+  (vocab_size 8197; the models' vocabulary is 8256).
+
+  Args:
+    cache_dir: override of `tokenizer_cache_dir()` (where the tiny BPE is cached).
+  """
+  from transformers import PreTrainedTokenizerFast
+
+  from orchard_jax.data.chat import QWEN3_VL_CHAT_TEMPLATE
+  from orchard_jax.data.images import VISION_TOKENS
+
+  hf = PreTrainedTokenizerFast.from_pretrained(str(_tiny_folder(cache_dir)))
+  hf.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
+  hf.chat_template = QWEN3_VL_CHAT_TEMPLATE
+  ids = [hf.convert_tokens_to_ids(t) for t in VISION_TOKENS]
+  if ids != list(range(TINY_VOCAB_SIZE, TINY_VOCAB_SIZE + len(VISION_TOKENS))):
+    raise TokenizerError(f"the tiny tokenizer's vision tokens got ids {ids}; expected "
+                         f"{TINY_VOCAB_SIZE}..{TINY_VOCAB_SIZE + len(VISION_TOKENS) - 1}")
+  return Tokenizer(hf, name="tiny_vl")
+
+
+def _tiny_folder(cache_dir: str | None) -> Path:
+  """The cached tiny BPE folder, trained first when missing."""
   root = Path(cache_dir) if cache_dir else tokenizer_cache_dir()
   texts, fingerprint = stdlib_corpus()
   folder = root / f"{_TINY_PREFIX}{TINY_VOCAB_SIZE}-{fingerprint[:16]}"
@@ -295,9 +334,7 @@ def tiny_tokenizer(cache_dir: str | None = None) -> Tokenizer:
         _log.info("another process trained %s first; using its copy", folder)
     finally:
       shutil.rmtree(scratch, ignore_errors=True)
-  from transformers import PreTrainedTokenizerFast
-
-  return Tokenizer(PreTrainedTokenizerFast.from_pretrained(str(folder)), name="tiny")
+  return folder
 
 
 def train_tiny_tokenizer(texts: Sequence[str], folder: str | os.PathLike, *,

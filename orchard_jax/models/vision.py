@@ -139,11 +139,12 @@ class PatchMerger(nnx.Module):
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """x [images, patches, hidden] -> [images, patches / merge_unit, out_hidden_size]."""
-    b, n, _ = x.shape
+    b, n, d = x.shape
+    tokens = n * d // self.wide
     if self.postshuffle:
-      x = self.norm(x.reshape(b, -1, self.wide))
+      x = self.norm(x.reshape(b, tokens, self.wide))
     else:
-      x = self.norm(x).reshape(b, -1, self.wide)
+      x = self.norm(x).reshape(b, tokens, self.wide)
     return self.linear_fc2(_gelu(self.linear_fc1(x), "gelu"))
 
 

@@ -230,11 +230,15 @@ def scatter_visual_tokens(input_ids: jax.Array, tokens: jax.Array, deepstack: ja
   mask = input_ids == image_token_id
   flat_valid = valid_tokens.reshape(-1)
   total = flat_valid.shape[0]
+  hidden = tokens.shape[-1]
+  if total == 0:                           # no image rows at all
+    zeros = jnp.zeros((b, s, hidden), tokens.dtype)
+    return VisualTokens(embeds=zeros, mask=mask,
+                        deepstack=jnp.zeros((deepstack.shape[0], b, s, hidden), tokens.dtype))
   order = jnp.nonzero(flat_valid, size=total, fill_value=0)[0]         # valid rows, in order
   rank = jnp.cumsum(mask.reshape(-1).astype(jnp.int32)) - 1              # placeholder index
   src = jnp.take(order, jnp.clip(rank, 0, total - 1))
   present = mask.reshape(-1) & (rank < jnp.sum(flat_valid))
-  hidden = tokens.shape[-1]
   embeds = jnp.take(tokens.reshape(total, hidden), src, axis=0)
   embeds = jnp.where(present[:, None], embeds, 0).reshape(b, s, hidden)
   levels = deepstack.shape[0]
@@ -246,4 +250,4 @@ def scatter_visual_tokens(input_ids: jax.Array, tokens: jax.Array, deepstack: ja
 def valid_token_mask(patches: ImagePatches, merge_unit: int) -> jax.Array:
   """[images, patches / merge_unit] bool: which merged rows are real tokens."""
   v = patches.valid
-  return v.reshape(v.shape[0], -1, merge_unit).all(-1)
+  return v.reshape(v.shape[0], v.shape[1] // merge_unit, merge_unit).all(-1)

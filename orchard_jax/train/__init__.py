@@ -14,14 +14,20 @@ Public API:
   ModelParts, build_train_step, build_eval_step, build_logprob_step, state_shardings,
   init_train_state
   TrainError, CheckpointMismatch
+  Vision-language batches (train.multimodal): add_images(batch, row_images, images, config, *,
+  images_per_row, patches_per_image) puts the images of data.pack_sequences(...,
+  images_per_row=K)'s rows and 3-D positions beside a packed batch; the losses and
+  token_logprobs(..., images=batch_images(batch)) pass them to the model;
+  OptimizerConfig(frozen=("visual",)) freezes the vision tower (frozen_mask).
 """
 from orchard_jax.train.checkpoint import Checkpointer, abstract_like, restore_params
 from orchard_jax.train.errors import CheckpointMismatch, TrainError
 from orchard_jax.train.logprobs import chunked_token_logprobs, segment_starts, token_logprobs
 from orchard_jax.train.losses import OPD_MODES, PolicyLoss, SFTLoss, ValueLoss, make_loss
 from orchard_jax.train.metrics import MetricsWriter, ProgressBar, read_metrics
-from orchard_jax.train.optimizer import (SCHEDULES, OptimizerConfig, learning_rate_schedule,
-                                         make_optimizer)
+from orchard_jax.train.multimodal import IMAGE_KEYS, add_images, batch_images
+from orchard_jax.train.optimizer import (SCHEDULES, OptimizerConfig, frozen_mask,
+                                         learning_rate_schedule, make_optimizer)
 from orchard_jax.train.step import (ModelParts, batch_partition_spec, build_eval_step,
                                     build_logprob_step, build_train_step, data_parallel_size, init_train_state,
                                     state_shardings)

@@ -93,9 +93,11 @@ def chunked_token_logprobs(logits_fn: Callable[[jax.Array], jax.Array], hidden: 
 
 
 def model_hidden_states(model: Any, input_ids: jax.Array, positions: jax.Array,
-                        segment_ids: jax.Array) -> tuple[jax.Array, dict]:
-  """Runs the policy's backbone: (hidden [batch, seq, hidden], aux dict)."""
-  out = model.hidden_states(input_ids, positions, segment_ids, return_aux=True)
+                        segment_ids: jax.Array, images: Any = None) -> tuple[jax.Array, dict]:
+  """Runs the policy's backbone: (hidden [batch, seq, hidden], aux dict). `images` (an
+  ImagePatches batch) goes to a vision-language model."""
+  kwargs = {} if images is None else {"images": images}
+  out = model.hidden_states(input_ids, positions, segment_ids, return_aux=True, **kwargs)
   if isinstance(out, tuple):
     hidden, aux = out
   else:
@@ -104,20 +106,22 @@ def model_hidden_states(model: Any, input_ids: jax.Array, positions: jax.Array,
 
 
 def token_logprobs(model: Any, input_ids: jax.Array, positions: jax.Array,
-                   segment_ids: jax.Array, *, chunk_size: int = 512, with_entropy: bool = True
-                   ) -> tuple[jax.Array, Optional[jax.Array], dict]:
+                   segment_ids: jax.Array, *, chunk_size: int = 512, with_entropy: bool = True,
+                   images: Any = None) -> tuple[jax.Array, Optional[jax.Array], dict]:
   """Per-token log-probs (and entropies) of a CausalLM on a packed batch.
 
   Args:
     model: an orchard_jax.models.CausalLM (anything with hidden_states(...) and logits(hidden)).
-    input_ids, positions, segment_ids: [batch, seq] int32 (docs/contracts.md packed batch).
+    input_ids, positions, segment_ids: [batch, seq] int32 (docs/contracts.md packed batch);
+      positions [batch, seq, 3] for a vision-language batch (train.multimodal).
     chunk_size: sequence positions per LM-head call.
     with_entropy: also compute entropies.
+    images: the batch's images (models.ImagePatches, train.multimodal.batch_images), or None.
   Returns:
     (logp [batch, seq], entropy [batch, seq] or None, aux) with aux the model's
     {"load_balancing_loss", "expert_load"} when it is a MoE.
   """
-  hidden, aux = model_hidden_states(model, input_ids, positions, segment_ids)
+  hidden, aux = model_hidden_states(model, input_ids, positions, segment_ids, images)
   logp, entropy = chunked_token_logprobs(model.logits, hidden, input_ids, segment_ids,
                                          chunk_size=chunk_size, with_entropy=with_entropy)
   return logp, entropy, aux

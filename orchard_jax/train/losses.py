@@ -9,7 +9,9 @@ Each loss is a small frozen dataclass with
     ({"load_balancing_loss", "expert_load"} for MoE models, to which the step adds the
     weighted load-balancing term).
 
-Batches are the packed format of docs/contracts.md: dicts of [batch, seq] arrays.
+Batches are the packed format of docs/contracts.md: dicts of [batch, seq] arrays; a
+vision-language batch also carries its images and 3-D positions (train.multimodal), which the
+policy losses pass to the model.
 """
 import dataclasses
 from typing import Any, Optional
@@ -19,6 +21,7 @@ import jax
 from orchard_jax import rl
 from orchard_jax.train.errors import TrainError
 from orchard_jax.train.logprobs import token_logprobs
+from orchard_jax.train.multimodal import batch_images
 
 Batch = dict[str, jax.Array]
 
@@ -56,7 +59,7 @@ class SFTLoss:
     _require(batch, self.keys, "SFTLoss")
     logp, _, aux = token_logprobs(model, batch["input_ids"], batch["positions"],
                                   batch["segment_ids"], chunk_size=self.chunk_size,
-                                  with_entropy=False)
+                                  with_entropy=False, images=batch_images(batch))
     weights = batch["loss_weights"]
     loss = rl.aggregate(-logp, weights, batch["segment_ids"], self.aggregation,
                         normalizer=normalizer)
@@ -141,7 +144,8 @@ class PolicyLoss:
     _require(batch, self.keys, "PolicyLoss")
     seg = batch["segment_ids"]
     logp, entropy, aux = token_logprobs(model, batch["input_ids"], batch["positions"], seg,
-                                        chunk_size=self.chunk_size, with_entropy=True)
+                                        chunk_size=self.chunk_size, with_entropy=True,
+                                        images=batch_images(batch))
     metrics: dict[str, Any] = {}
     opd = None
     if self.opd_mode in ("loss", "only"):

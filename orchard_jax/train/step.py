@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from orchard_jax import parallel
 from orchard_jax.train.errors import TrainError
+from orchard_jax.train.optimizer import frozen_mask
 
 BATCH_AXES = ("data", "fsdp", "expert")
 
@@ -111,7 +112,8 @@ def _split_microbatches(batch: dict, microbatches: int) -> dict:
 def build_train_step(parts: ModelParts, loss: Any, optimizer: optax.GradientTransformation,
                      schedule: Callable[[Any], Any], *, mesh: Mesh, shardings: dict,
                      microbatches: int = 1, load_balancing_coef: float = 0.0,
-                     donate: bool = True) -> Callable[[dict, dict], tuple[dict, dict]]:
+                     donate: bool = True,
+                     frozen: tuple[str, ...] = ()) -> Callable[[dict, dict], tuple[dict, dict]]:
   """A jitted `(state, batch) -> (state, metrics)` for one optimiser update.
 
   Args:
@@ -124,6 +126,9 @@ def build_train_step(parts: ModelParts, loss: Any, optimizer: optax.GradientTran
       into microbatches and each microbatch evenly over the data-parallel devices.
     load_balancing_coef: weight of the MoE load-balancing loss added to the objective.
     donate: donate the old state's buffers to the new state.
+    frozen: parameter path prefixes that are not trained (OptimizerConfig.frozen): the loss
+      sees them through stop_gradient, so no gradient is computed for them or through them
+      (a frozen vision tower costs its forward pass only).
   Returns:
     The step function. metrics holds "loss" (the objective without the load-balancing term),
     "total_loss", "grad_norm" (before clipping), "learning_rate", "tokens" (sum of loss weights),
@@ -133,7 +138,11 @@ def build_train_step(parts: ModelParts, loss: Any, optimizer: optax.GradientTran
   if microbatches < 1:
     raise TrainError(f"microbatches must be >= 1; saw {microbatches}")
 
+  mask = frozen_mask(parts.pure_params(), frozen) if frozen else None
+
   def micro_loss(params, micro, normalizer):
+    if mask is not None:
+      params = jax.tree.map(lambda p, f: jax.lax.stop_gradient(p) if f else p, params, mask)
     model = parts.merge(params)
     value, metrics, aux = loss(model, micro, normalizer)
     total = value
@@ -214,9 +223,12 @@ def build_logprob_step(parts: ModelParts, *, mesh: Mesh, param_shardings: dict,
   docs/contracts.md says), for reference-policy, proximal or teacher log-probs of a packed batch."""
   from orchard_jax.train.logprobs import token_logprobs
 
+  from orchard_jax.train.multimodal import batch_images
+
   def logprobs(params, batch):
     logp, _, _ = token_logprobs(parts.merge(params), batch["input_ids"], batch["positions"],
-                                batch["segment_ids"], chunk_size=chunk_size, with_entropy=False)
+                                batch["segment_ids"], chunk_size=chunk_size, with_entropy=False,
+                                images=batch_images(batch))
     return logp
 
   jitted = jax.jit(logprobs, in_shardings=(param_shardings, None))

@@ -23,6 +23,7 @@ from orchard_jax.train import checkpoint as ckpt
 from orchard_jax.train import step as step_lib
 from orchard_jax.train.errors import TrainError
 from orchard_jax.train.metrics import MetricsWriter, ProgressBar
+from orchard_jax.train.multimodal import IMAGE_KEYS
 from orchard_jax.train.optimizer import OptimizerConfig, learning_rate_schedule, make_optimizer
 
 
@@ -102,7 +103,7 @@ class Trainer:
     self._step_fn = step_lib.build_train_step(
         self.parts, loss, self.optimizer, self.schedule, mesh=self.mesh,
         shardings=self.shardings, microbatches=config.microbatches,
-        load_balancing_coef=config.load_balancing_coef)
+        load_balancing_coef=config.load_balancing_coef, frozen=opt_config.frozen)
     self._eval_fn = step_lib.build_eval_step(self.parts, loss, mesh=self.mesh,
                                              param_shardings=self.shardings["params"])
     self.checkpoints = ckpt.Checkpointer(f"{config.workdir}/checkpoints",
@@ -204,9 +205,9 @@ class Trainer:
       self._logprob_fn = step_lib.build_logprob_step(
           self.parts, mesh=self.mesh, param_shardings=self.shardings["params"], chunk_size=chunk)
     params = self.state["params"] if params is None else params
-    keys = ("input_ids", "positions", "segment_ids")
+    keys = ("input_ids", "positions", "segment_ids") + IMAGE_KEYS
     return np.asarray(jax.device_get(self._logprob_fn(params, self._put(
-        {k: batch[k] for k in keys}))))
+        {k: batch[k] for k in keys if k in batch}))))
 
   def evaluate(self, batches) -> dict:
     """Loss over held-out batches, weighted by each batch's normaliser (tokens or sequences)."""
