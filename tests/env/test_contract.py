@@ -454,3 +454,29 @@ def test_a_growing_file_downloads_as_it_was_when_opened(box):
   data = box.download("grow.txt")
   assert data and set(data.split(b"\n")) <= {b"line", b""}
   box.exec("pkill -f 'while true' || true; kill %1 2>/dev/null; true")
+
+
+# ---------------------------------------------------------------------------- paths and patches
+def test_paths_are_normalised(box):
+  info = box.upload("deep/./dir//file.txt", b"x")
+  assert info["path"] == f"{box.workdir}/deep/dir/file.txt"
+  assert box.download("deep/dir/../dir/./file.txt") == b"x"
+  assert box.download(f"{box.workdir}//deep/./dir/file.txt") == b"x"
+  assert [e["name"] for e in box.list_files("./deep/.")] == ["dir"]
+  assert box.exec("pwd", cwd="deep/./dir/").stdout == f"{box.workdir}/deep/dir\n"
+  with pytest.raises(orchard_env.InvalidRequest, match="folder"):
+    box.upload("deep/", b"x")
+
+
+@pytest.mark.parametrize("patch", ["", "\n", "Only garbage was found here\n",
+                                   "--- a/f\n+++ b/f\n"])   # headers without a hunk
+def test_a_patch_that_changes_nothing_is_refused_not_applied(box, patch):
+  with pytest.raises(orchard_env.InvalidRequest, match="no file change"):
+    box.apply_patch(patch, check=False)
+
+
+def test_health_lists_the_syscall_filter(client, service):
+  health = client.health()["backend"]
+  profile = health["seccomp"] if service.backend_kind == "local" else health["seccomp"]["profile"]
+  assert {"setns", "mount", "bpf", "keyctl"} <= set(profile["denied"])
+  assert "unshare" in profile["denied_when"] and profile["other_architectures"] == "killed"

@@ -109,9 +109,8 @@ async def _reclaim(sessions, result=None):
     left.update(p for p in _jobs.process_tree(session) if p != session and p != os.getpid())
   if not left:
     return
-  for session in sessions:
-    await asyncio.to_thread(_jobs.kill_process_tree, session,
-                            belongs=lambda pid: pid != os.getpid())
+  for session in sessions:   # no thread: at the pids limit none could be started
+    _jobs.kill_process_tree(session, belongs=lambda pid: pid != os.getpid())
   if result is not None:
     note = (f"{len(left)} processes it left running held the sandbox's pids limit and were "
             f"killed")
@@ -223,6 +222,15 @@ def build_app(token: str, workdir: str = "/") -> fastapi.FastAPI:
   async def _start_police():
     app.state.police = asyncio.ensure_future(_police())
 
+  async def _run_safely(spec, cancel):
+    """_run, with anything unexpected (e.g. no thread or process can be started at the pids
+    limit) a failed job instead of an error answer."""
+    try:
+      return await _run(spec, cancel)
+    except Exception as e:  # noqa: BLE001 - reported in the job's result
+      return _jobs.JobResult(status=_jobs.FAILED, error=f"the agent could not run the command: "
+                                                        f"{type(e).__name__}: {e}")
+
   @router.post("/jobs")
   async def start_job(body: dict):
     stdin = body.pop("stdin_b64", None)
@@ -231,7 +239,7 @@ def build_app(token: str, workdir: str = "/") -> fastapi.FastAPI:
       spec.stdin = base64.b64decode(stdin)
     job_id = "ajob-" + secrets.token_hex(8)
     cancels[job_id] = asyncio.Event()
-    running[job_id] = asyncio.ensure_future(_run(spec, cancels[job_id]))
+    running[job_id] = asyncio.ensure_future(_run_safely(spec, cancels[job_id]))
     return {"id": job_id}
 
   @router.post("/jobs/{job_id}/wait")
@@ -426,10 +434,23 @@ def build_app(token: str, workdir: str = "/") -> fastapi.FastAPI:
 
 
 async def _feed(popen, data):
+  """Writes `data` to the command's stdin on the event loop (no thread), then closes it."""
   loop = asyncio.get_running_loop()
+  fd = popen.stdin.fileno()
+  os.set_blocking(fd, False)
+  view = memoryview(data)
   try:
-    await loop.run_in_executor(None, popen.stdin.write, data)
-  except (BrokenPipeError, OSError):
+    while view:
+      try:
+        view = view[os.write(fd, view):]
+      except BlockingIOError:
+        ready = loop.create_future()
+        loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+          await ready
+        finally:
+          loop.remove_writer(fd)
+  except OSError:   # the command closed its stdin or exited
     pass
   finally:
     try:

@@ -119,6 +119,7 @@ class LocalBackend(Backend):
     self.start_timeout = start_timeout
     self.seccomp = seccomp
     self._filter = b""        # the seccomp program (classic BPF), built at start
+    self._slirp = _network.slirp4netns()   # "" when network=True cannot be offered
     self._cgroups = None
     self._spawner = None
     self._sock = None
@@ -195,7 +196,7 @@ class LocalBackend(Backend):
                           (["user"] if self.user_namespace else []),
                           "sandbox_uid": None if self.creds is None else self.creds["uid"]},
             "network": {"network_true": ("slirp4netns, host loopback unreachable"
-                                         if _network.slirp4netns() else "unavailable "
+                                         if self._slirp else "unavailable "
                                          "(slirp4netns is not installed)"),
                         "egress": "allow-listed endpoints relayed by the service"},
             "strict_limits": self.strict_limits,
@@ -215,7 +216,7 @@ class LocalBackend(Backend):
           f"requested limits {missing} cannot be enforced on this machine ({why}); run the "
           f"service as root or in a delegated cgroup, or start it with strict_limits=False "
           f"to accept unenforced limits", details={"missing": missing})
-    if spec.network and not _network.slirp4netns():
+    if spec.network and not self._slirp:
       raise LimitNotEnforceable(
           "network=True needs slirp4netns here (the sandbox's own network namespace with "
           "outbound access that cannot reach the host's loopback): install it with "
@@ -395,7 +396,7 @@ class LocalBackend(Backend):
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    argv = _network.slirp_argv(_network.slirp4netns(), box.init_pid,
+    argv = _network.slirp_argv(self._slirp, box.init_pid,
                                userns=self.user_namespace, sandboxed=not self.user_namespace)
     try:
       self._send({"op": "spawn", "mode": "direct", "cgroups": box.procs, "argv": argv,
