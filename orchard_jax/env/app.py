@@ -38,6 +38,7 @@ from typing import Annotated, Optional
 
 import fastapi
 import httpcore
+import pydantic
 import prometheus_client
 from fastapi import responses
 from prometheus_client import core as prom_core
@@ -101,6 +102,17 @@ class _BodyLimit:
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(payload)).encode())]})
     await send({"type": "http.response.body", "body": payload})
+
+
+def _terminal_size(rows, cols) -> tuple:
+  """(rows, cols) as ints of 1-1000; raises ValueError otherwise."""
+  try:
+    rows, cols = int(rows), int(cols)
+  except (TypeError, ValueError):
+    raise ValueError(f"rows and cols must be integers; got {rows!r}, {cols!r}") from None
+  if not (1 <= rows <= 1000 and 1 <= cols <= 1000):
+    raise ValueError(f"rows and cols must be 1-1000; got {rows}, {cols}")
+  return rows, cols
 
 
 def validation_error(errors) -> InvalidRequest:
@@ -353,8 +365,15 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
       await websocket.close(code=4401 if isinstance(e, AuthenticationError) else 4404,
                             reason=e.message[:120])
       return
-    spec = manager.job_spec(record, _api.Exec(command=[shell] if shell else ["/bin/sh", "-c",
-                            "exec $(command -v bash || echo /bin/sh) -i"]))
+    try:
+      rows, cols = _terminal_size(rows, cols)
+      request = _api.Exec(command=[shell] if shell else ["/bin/sh", "-c",
+                          "exec $(command -v bash || echo /bin/sh) -i"])
+    except (ValueError, pydantic.ValidationError) as e:   # 4422: a bad parameter
+      await websocket.accept()
+      await websocket.close(code=4422, reason=str(e).splitlines()[0][:120])
+      return
+    spec = manager.job_spec(record, request)
     spec.env["TERM"] = "xterm-256color"
     try:
       session = await manager.backend.open_pty(sandbox_id, record["ref"], spec)
@@ -384,8 +403,13 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
           except ValueError:
             await session.write(message["text"].encode())
             continue
-          if control.get("type") == "resize":
-            await session.resize(int(control["rows"]), int(control["cols"]))
+          if not isinstance(control, dict):
+            await session.write(message["text"].encode())
+          elif control.get("type") == "resize":
+            try:
+              await session.resize(*_terminal_size(control.get("rows"), control.get("cols")))
+            except ValueError:
+              continue   # a bad resize is ignored; the session goes on
           elif control.get("type") == "input":
             await session.write(str(control.get("data", "")).encode())
 
