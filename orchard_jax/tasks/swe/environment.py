@@ -94,6 +94,16 @@ def sandbox_python(preferred: str | None = None) -> str:
                    f"{candidates}); install one, e.g. `apt-get install python3`")
 
 
+def venv_sandbox_env(extra: dict | None = None) -> dict[str, str]:
+  """The environment of every command in a task sandbox whose venv is at SANDBOX_VENV."""
+  return {"PATH": f"{SANDBOX_VENV}/bin:/usr/local/bin:/usr/bin:/bin",
+          "VIRTUAL_ENV": SANDBOX_VENV, "PYTHONDONTWRITEBYTECODE": "1",
+          "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PAGER": "cat", "LC_ALL": "C.UTF-8",
+          # The workspace may belong to another uid than the sandbox user: let git use it.
+          "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory",
+          "GIT_CONFIG_VALUE_0": "*", **(extra or {})}
+
+
 @dataclasses.dataclass
 class PackageEnvironment:
   """A built package environment (see the module docstring for the layout).
@@ -127,13 +137,7 @@ class PackageEnvironment:
 
   def sandbox_env(self) -> dict[str, str]:
     path_entry = WORKDIR + ("/" + self.profile.python_path if self.profile.python_path else "")
-    return {"PATH": f"{SANDBOX_VENV}/bin:/usr/local/bin:/usr/bin:/bin",
-            "VIRTUAL_ENV": SANDBOX_VENV, "PYTHONPATH": path_entry,
-            "PYTHONDONTWRITEBYTECODE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-            "PAGER": "cat", "LC_ALL": "C.UTF-8",
-            # The workspace may belong to another uid than the sandbox user: let git use it.
-            "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory",
-            "GIT_CONFIG_VALUE_0": "*", **dict(self.profile.env)}
+    return venv_sandbox_env({"PYTHONPATH": path_entry, **dict(self.profile.env)})
 
   def run_tests(self, workdir: str, targets, *, timeout_s: float) -> tuple[str, int, float]:
     """Runs the test command on the host in `workdir` (a copy of the repository).

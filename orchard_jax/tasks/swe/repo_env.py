@@ -40,7 +40,7 @@ from typing import Sequence
 from orchard_jax.tasks.errors import BuildError
 from orchard_jax.tasks.swe import interpreters, leak_scan, repo_specs, rootfs, task_images
 from orchard_jax.tasks.swe.environment import (SANDBOX_VENV, _relocatable_scripts, cache_dir,
-                                               git)
+                                               git, venv_sandbox_env)
 from orchard_jax.tasks.swe.instance import SWEInstance, TestSpec, save_instances
 
 DEFAULT_URL_TEMPLATE = "https://github.com/{repo}.git"
@@ -198,11 +198,7 @@ class RepoEnvironment:
     return os.path.basename(self.root)
 
   def sandbox_env(self) -> dict[str, str]:
-    return {"PATH": f"{SANDBOX_VENV}/bin:/usr/local/bin:/usr/bin:/bin",
-            "VIRTUAL_ENV": SANDBOX_VENV, "PYTHONDONTWRITEBYTECODE": "1",
-            "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PAGER": "cat", "LC_ALL": "C.UTF-8",
-            "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory",
-            "GIT_CONFIG_VALUE_0": "*", **dict(self.spec.env)}
+    return venv_sandbox_env(dict(self.spec.env))
 
 
 def _interpreter_for(minor: str, default: str, needed_by: str) -> str:
