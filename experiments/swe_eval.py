@@ -6,6 +6,10 @@ results.jsonl and summary.json):
   python launch/run.py --config experiments/swe_eval.py --config.predictions=gold   # 100%
   python launch/run.py --config experiments/swe_eval.py --config.predictions=empty  # 0%
   python launch/run.py --config experiments/swe_eval.py --config.predictions=preds.jsonl
+  # your own SWE-bench file: images are built for instances without test_spec (README
+  # "Bring your own dataset"); a run with instances in `error` exits 1 saying how many
+  python launch/run.py --config experiments/swe_eval.py --config.predictions=gold \
+      --config.tasks.dataset=my.jsonl --config.tasks.mirrors=/srv/mirrors
 
 A policy checkpoint (a run folder such as runs/swe_rpr_tiny, a trainer folder, or a Hugging Face
 folder): the harness runs eval.k times on each instance of eval.splits ("train": the run's
