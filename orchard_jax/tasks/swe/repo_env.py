@@ -27,7 +27,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import glob
 import json
 import os
 import re
@@ -44,7 +43,7 @@ from orchard_jax.tasks.swe.environment import (SANDBOX_VENV, _relocatable_script
 from orchard_jax.tasks.swe.instance import SWEInstance, TestSpec, save_instances
 
 DEFAULT_URL_TEMPLATE = "https://github.com/{repo}.git"
-_ENV_FORMAT = 1
+_ENV_FORMAT = 2
 BUILT, ERROR, LEAK = "built", "error", "leak"
 
 
@@ -265,6 +264,7 @@ def _install(spec: repo_specs.EnvSpec, python: str, tree: str, venv: str, root: 
       tail = [l.strip() for l in (proc.stderr or proc.stdout).strip().splitlines() if l.strip()]
       raise BuildError(f"{what} failed (exit {proc.returncode}): " + " | ".join(tail[-4:])[-600:])
 
+  before = _files(tree)
   run(f"{python} -m venv {venv}", f"creating a venv with {python}")
   run("python -m pip install -q -U pip setuptools wheel", "upgrading pip in the venv")
   for command in spec.pre_install:
@@ -277,15 +277,26 @@ def _install(spec: repo_specs.EnvSpec, python: str, tree: str, venv: str, root: 
   run("python -m pip uninstall -q -y pip", "removing pip (no index is reachable in a sandbox)")
   _relocate(venv, tree, task_images.WORKDIR)
   _relocatable_scripts(venv)
+  # What the install wrote into the source tree (egg-info metadata, a version file that
+  # setuptools-scm or hatch-vcs generates) is needed at import time: seeds carry it, untracked.
   untracked = []
-  for info in glob.glob(os.path.join(tree, "*.egg-info")) + glob.glob(
-      os.path.join(tree, "src", "*.egg-info")):
-    rel = os.path.relpath(info, tree)
+  for rel in sorted(_files(tree) - before):
+    if rel.split("/")[0] in ("build", "dist", ".eggs") or "__pycache__" in rel.split("/"):
+      continue
     kept = os.path.join(root, "untracked", rel)
-    shutil.copytree(info, kept)
+    os.makedirs(os.path.dirname(kept), exist_ok=True)
+    shutil.copy2(os.path.join(tree, rel), kept)
     untracked.append([rel, kept])
   task_images._world_readable(root)
   return untracked
+
+
+def _files(tree: str) -> set[str]:
+  found = set()
+  for parent, dirs, files in os.walk(tree):
+    dirs[:] = [d for d in dirs if d != ".git"]
+    found.update(os.path.relpath(os.path.join(parent, f), tree) for f in files)
+  return found
 
 
 def _relocate(venv: str, old: str, new: str) -> None:
@@ -407,7 +418,7 @@ def _instance_image(instance: SWEInstance, env: RepoEnvironment, bare: str, root
   folder = task_images.instance_image_dir(instance.instance_id)
   record = os.path.join(folder, ".orchard_instance.json")
   wanted = {"base_commit": instance.base_commit, "environment": env.root, "binds": binds,
-            "rootfs": rootfs_path}
+            "rootfs": rootfs_path, "untracked": [list(u) for u in env.untracked]}
   fresh = True
   if os.path.exists(record):
     with open(record) as f:

@@ -80,12 +80,14 @@ def make_seed(source_repo: str, commit: str, dest: str, *,
   excludes = list(IGNORED)
   for rel, src in (untracked or {}).items():
     target = os.path.join(tmp, rel)
+    if os.path.lexists(target):     # tracked at this commit: the commit's own file wins
+      continue
     if os.path.isdir(src):
       shutil.copytree(src, target, dirs_exist_ok=True)
     else:
       os.makedirs(os.path.dirname(target), exist_ok=True)
       shutil.copy2(src, target)
-    excludes.append("/" + rel.strip("/"))
+    excludes.append("/" + rel.strip("/"))   # per file: a generated file beside tracked ones
   with open(os.path.join(tmp, ".git", "info", "exclude"), "a") as f:
     f.write("\n".join(excludes) + "\n")
   _world_readable(tmp)
