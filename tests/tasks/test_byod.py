@@ -123,11 +123,13 @@ def test_workspace_is_the_real_commit_with_history_hidden_and_no_host(dataset):
         assert ready.exit_code == 0, ready.output
         shown = box.run("git rev-parse HEAD; git log --all --oneline | wc -l; "
                         f"git cat-file -e {fix['commit']} && echo FIX-VISIBLE; "
-                        "ls /root/.pyenv/versions 2>&1; ls /work 2>&1 | head -1; python -V",
+                        "ls /root/.pyenv/versions 2>&1; ls /work 2>&1 | head -1; "
+                        "git status --porcelain | wc -l; python -V",
                         timeout_s=60).output.split("\n")
         assert shown[0] == instance.base_commit and shown[1] == "1"
         assert "FIX-VISIBLE" not in shown
         assert any("No such file" in line for line in shown[3:5])   # no host /work
+        assert shown[-3] == "0"                                     # a clean work tree
         wanted = "3.9" if "oldclamp" in instance.instance_id else "3.11"
         assert shown[-2].startswith(f"Python {wanted}")
 
@@ -329,3 +331,23 @@ def test_instance_images_push_to_a_registry_under_swe_bench_names(dataset, tmp_p
   finally:
     registry.terminate()
     registry.wait(timeout=10)
+
+
+def test_files_the_install_generates_reach_the_workspace_untracked(dataset, tmp_path):
+  # setuptools-scm / hatch-vcs write a version module into the source tree at install time;
+  # the package cannot be imported without it, and it must never show up in a patch.
+  tmp, _, instances, _ = dataset
+  specs = tmp_path / "specs.json"
+  specs.write_text(json.dumps({"upstream/clampy": {"*": {
+      "pre_install": ["printf 'VERSION = 7\\n' > clampy/_version.py"],
+      "install": "python -m pip install -e .", "pip_packages": ["pytest"]}}}))
+  source = repo_env.RepoSource(mirrors=os.path.join(tmp, "mirrors"), url_template="")
+  build = repo_env.build_dataset(instances[:1], repo_env.DatasetSettings(
+      source=source, specs=str(specs)), progress=False)
+  (instance,) = build.instances
+  with swe.sandbox_client(ConfigDict(dict(url="", api_key=""))) as client:
+    with swe.sandbox_factory(client)(instance) as box:
+      assert box.run(testbed.setup_script(instance), timeout_s=120).exit_code == 0
+      out = box.run("python -c 'import clampy._version as v; print(v.VERSION)'; "
+                    "git status --porcelain | wc -l", timeout_s=60).output.split()
+  assert out == ["7", "0"]
