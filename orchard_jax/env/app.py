@@ -29,11 +29,8 @@ all; see orchard_jax.env.tenants):
 | GET /metrics | Prometheus metrics (auth) |
 """
 import asyncio
-import base64
-import hmac
 import json
 import logging
-import time
 from typing import Annotated, Optional
 
 import fastapi
@@ -44,7 +41,6 @@ from fastapi import responses
 from prometheus_client import core as prom_core
 
 from orchard_jax.env import api as _api
-from orchard_jax.env import jobs as _jobs
 from orchard_jax.env import store as _store
 from orchard_jax.env import tenants as _tenants
 from orchard_jax.env.errors import (AuthenticationError, EnvError, InvalidRequest,

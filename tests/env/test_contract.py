@@ -5,7 +5,6 @@ exec semantics, files, patches, auth, isolation, limits and reaping. Expected va
 written out in the tests (or computed with plain Python from the same inputs), never with
 the code under test.
 """
-import base64
 import contextlib
 import http.server
 import socket

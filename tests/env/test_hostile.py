@@ -3,8 +3,6 @@ server and kubelet of tests/env/fake_kube.py, since no cluster runs here): nothi
 or the spawner holds leaks into a command, one sandbox cannot forge another's results, the
 syscall filter holds, and a bad request fails alone with a 422 naming its field.
 """
-import json
-import time
 
 import httpx
 import pytest

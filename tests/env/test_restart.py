@@ -1,7 +1,6 @@
 """After the service is killed with SIGKILL while sandboxes run, nothing of them survives, and
 a restart with the same state directory removes every leftover (records, cgroups, files)."""
 import glob
-import json
 import os
 import time
 
