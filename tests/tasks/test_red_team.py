@@ -311,3 +311,5 @@ def test_report_names_the_records_and_the_test_log(env_client, instance, tmp_pat
   assert [r["e"] for r in records][:2] == ["start", "collected"] and records[-1]["e"] == "exit"
   log = (tmp_path / "test_output.txt").read_text()
   assert "PASSED" in log and "signed>" in log
+  statuses = json.loads((tmp_path / "test_statuses.json").read_text())
+  assert all(statuses[t] == "PASSED" for t in instance.FAIL_TO_PASS + instance.PASS_TO_PASS)

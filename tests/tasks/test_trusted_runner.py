@@ -49,11 +49,11 @@ TESTS = textwrap.dedent("""
 @pytest.mark.parametrize("command, expected", [
     ("python -m pytest -rA tests", ({}, "python", (), "module", ("-rA", "tests"))),
     ("pytest --no-header -rA --tb=no -p no:cacheprovider",
-     ({}, "python", (), "script", ("--no-header", "-rA", "--tb=no", "-p", "no:cacheprovider"))),
+     ({}, "", (), "script", ("--no-header", "-rA", "--tb=no", "-p", "no:cacheprovider"))),
     ("PYTHONWARNINGS=ignore python3.9 -W ignore::DeprecationWarning -B -m pytest -x",
      ({"PYTHONWARNINGS": "ignore"}, "python3.9", ("-W", "ignore::DeprecationWarning", "-B"),
       "module", ("-x",))),
-    ('py.test -k "a and (b or c)"', ({}, "python", (), "script", ("-k", "a and (b or c)"))),
+    ('py.test -k "a and (b or c)"', ({}, "", (), "script", ("-k", "a and (b or c)"))),
     ("/opt/env/bin/python -m pytest", ({}, "/opt/env/bin/python", (), "module", ())),
     ("./tests/runtests.py --verbosity 2", None),
     ("bin/test -C --verbose", None),
@@ -127,6 +127,12 @@ def test_honest_run_matches_swe_benchs_reading_of_the_same_log(repo, tmp_path):
     assert len(canary) == 1 and from_log.pop(canary[0]) == "FAILED"
     assert structured.pop("tests/test_pkg.py::test_skipped") == "SKIPPED"
     assert structured == from_log
+
+
+def test_the_pytest_script_form_runs_structured_too(repo, tmp_path):
+  run, output, report = _run(repo, tmp_path, test_cmd="pytest -rA -p no:cacheprovider")
+  verdict = _verdict(report)
+  assert verdict.findings == [] and verdict.statuses["tests/test_pkg.py::test_add"] == "PASSED"
 
 
 def test_printed_results_and_report_lines_change_nothing(repo, tmp_path):

@@ -17,7 +17,9 @@ For each instance, in a sandbox of its own started from the instance's image:
      SWE-bench's parser. Results are graded by SWE-bench's rules (`grading`, where a skipped
      test is not passing).
 Instances run in parallel, one sandbox each. Every instance leaves a folder with the patch,
-the apply log, the test log, the test records and `report.json`; the run leaves
+the apply log, the test log, the test records, `test_statuses.json` (the per-test statuses the
+grade was computed from, named as the instance's log parser names them) and `report.json`; the
+run leaves
 `summary.json` (SWE-bench's report layout: counts per outcome and the instance ids in each).
 """
 from __future__ import annotations
@@ -229,6 +231,7 @@ def _run_tests(sandbox, instance, layout, screen, result, logs):
     status = log_parsers.status_map_from_results(verdict.statuses, spec.log_parser)
     result.integrity += verdict.findings
     result.suspicious += verdict.notes
+  logs["test_statuses.json"] = json.dumps(status, indent=0, sort_keys=True)
   result.tests = grading.tests_report(status, instance.FAIL_TO_PASS, instance.PASS_TO_PASS)
   result.outcome = grading.resolution(result.tests)
   if result.integrity:

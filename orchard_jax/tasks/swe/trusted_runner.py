@@ -59,7 +59,9 @@ class PytestInvocation:
 
   Attributes:
     env: leading VAR=value assignments.
-    python: the interpreter (`python`, `python3.9`, a path); `python` for the `pytest` script.
+    python: the interpreter (`python`, `python3.9`, a path); "" for the `pytest` script: the
+      environment's `python` (or `python3`) on PATH, which a venv's or conda env's bin folder
+      holds beside its `pytest`.
     python_options: interpreter options before `-m pytest` (`-W error`, `-X dev`, `-B`).
     mode: "module" (`python -m pytest`) or "script" (`pytest` / `py.test`).
     args: pytest's arguments.
@@ -96,7 +98,7 @@ def parse_test_command(test_cmd: str) -> PytestInvocation | None:
     return None
   head = os.path.basename(tokens[0])
   if head in ("pytest", "py.test"):
-    return PytestInvocation(env, "python", (), "script", tuple(tokens[1:]))
+    return PytestInvocation(env, "", (), "script", tuple(tokens[1:]))
   if not _PYTHON.match(head):
     return None
   options: list[str] = []
@@ -163,13 +165,14 @@ def prepare(test_cmd: str, targets: Sequence[str], *, workdir: str, timeout_s: f
   files[key_file] = key.hex().encode("ascii")
   assignments = {**env, **invocation.env}
   prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in assignments.items())
-  python = shlex.quote(invocation.python)
-  supervisor = (f"{python} -I -S {shlex.quote(scripts_dir)}/supervisor.py --key-file {shlex.quote(key_file)} "
+  python = (shlex.quote(invocation.python) if invocation.python
+            else '"$(command -v python || command -v python3 || echo python)"')
+  scripts = shlex.quote(scripts_dir)
+  supervisor = (f"{python} -I -S {scripts}/supervisor.py --key-file {shlex.quote(key_file)} "
                 f"--run-id {run_id} --timeout {float(timeout_s):g} --records --")
   launcher = " ".join([python, *map(shlex.quote, invocation.python_options), "-s", "-S",
-                       f"{shlex.quote(scripts_dir)}/pytest_launcher.py", "--workdir", shlex.quote(workdir),
-                       "--mode", invocation.mode, "--",
-                       *map(shlex.quote, invocation.args)])
+                       f"{scripts}/pytest_launcher.py", "--workdir", shlex.quote(workdir),
+                       "--mode", invocation.mode, "--", *map(shlex.quote, invocation.args)])
   command = (f"cd {shlex.quote(workdir)} && {prefix + ' ' if prefix else ''}{supervisor} "
              f"{launcher} {quoted_targets}").rstrip()
   return PreparedRun(command, files, structured=True, key=key, run_id=run_id)
