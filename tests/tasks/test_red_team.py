@@ -242,6 +242,7 @@ def test_attack_is_not_resolved(env_client, instance, name):
         f"{name} no longer beats the plain SWE-bench flow: the case proves nothing")
 
 
+@pytest.mark.slow  # three evaluations and two plain runs: ~40 s on 2 cores
 def test_config_plugin_is_restored(env_client, instance):
   # A repository whose test command keeps the config's addopts (SWE-bench's usual commands do):
   # the test patch here also empties pyproject's addopts, as a repository without coverage

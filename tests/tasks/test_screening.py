@@ -172,7 +172,8 @@ def test_suspicious_code_names_runner_and_interpreter_tricks():
   assert screening.suspicious_code(clean, LAYOUT) == []
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(["pkg/core.py", "conftest.py", "pkg/tests/new.py",
                                            "pytest.py", "zz.pth", "pkg/extra.py",
                                            "setup.cfg", "pkg/tests/test_core.py"]),

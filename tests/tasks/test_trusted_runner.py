@@ -193,6 +193,15 @@ def test_writing_into_the_record_pipe_is_a_finding(repo, tmp_path):
   assert any("never writes" in f for f in verdict.findings)
 
 
+def test_a_flood_of_test_output_cannot_push_the_report_out(repo, tmp_path):
+  # An exec keeps 1 MiB of output by default (its head and tail): the supervisor keeps the
+  # test output's first and last 256 KiB, so the report, last, arrives whole.
+  (repo / "tests" / "test_loud.py").write_text("def test_loud():\n    print('x' * (4 << 20))\n")
+  run, output, report = _run(repo, tmp_path, test_cmd=TEST_CMD + " -s")
+  assert len(output.encode()) < (1 << 20) and "bytes of test output left out" in output
+  assert _verdict(report).statuses["tests/test_loud.py::test_loud"] == "PASSED"
+
+
 def test_time_limit(repo, tmp_path):
   (repo / "tests" / "test_slow.py").write_text("import time\ndef test_slow():\n"
                                                "    time.sleep(60)\n")

@@ -16,8 +16,9 @@ PYTHONPATH in ORCHARD_PYTHONPATH. Python 3.6 syntax, standard library plus pytes
    back for the tests' own subprocesses.
 4. pytest.main runs with the recording plugin, which writes one JSON line per event to the
    record pipe: start; collect_error; collected (count, and the canary's node id); test (node
-   id, phase, outcome, xfail, the file of the test function that ran, and where an imperative
-   xfail was raised); finish (exit status, stopped early); exit (the launcher's exit code).
+   id, phase, outcome, xfail, the file of the test function that ran when it is not the test's
+   own, and where an imperative xfail was raised; set-up and tear-down only when they did not
+   pass); finish (exit status, stopped early); exit (the launcher's exit code).
    The canary is a test added after every other collection hook, into the last test module, that
    must fail: a run in which it passes, or silently does not run, was tampered with.
 """
@@ -163,12 +164,19 @@ def make_recorder(fd, workdir):
         self.xfail_from[item.nodeid] = relative(outside[-1]) if outside else ""
 
     def pytest_runtest_logreport(self, report):
+      # Set-up and tear-down are written only when they did not pass (a test with neither a
+      # call nor a failed set-up counts as missing), and the test function's file only when it
+      # is not the test's own: the report stays small for suites of thousands of tests.
+      if report.when != "call" and report.outcome == "passed" and not hasattr(report, "wasxfail"):
+        return
       record = {"e": "test", "id": report.nodeid, "when": report.when,
                 "outcome": report.outcome}
       if hasattr(report, "wasxfail"):
         record["xfail"] = True
       if report.when == "call":
-        record["code"] = self.code.pop(report.nodeid, "")
+        code = self.code.pop(report.nodeid, "")
+        if code != report.nodeid.split("::")[0]:
+          record["code"] = code
         if report.nodeid in self.xfail_from:
           record["xfail_from"] = self.xfail_from.pop(report.nodeid)
       self.emit(**record)

@@ -21,6 +21,8 @@ sitecustomize reached through an editable install) runs in it.
    object: run_id, exit_code (negative: killed by that signal), timed_out, records (base64 of
    the zlib-compressed record stream), records_truncated, non_dumpable, seconds. The mac is
    HMAC-SHA256(key, label + b" " + payload) as hex, label b"start" or b"report".
+   The test output is copied to stdout as it comes up to LOG_KEEP bytes; past that only its
+   last LOG_KEEP bytes follow, after a line saying how many were left out.
 
 Code under test can print anything, write into the record pipe, kill this process or write into
 the sandbox's output pipe through another process's /proc/PID/fd: none of it yields a report
@@ -43,6 +45,10 @@ START = "ORCHARD_GRADER_START"
 REPORT = "ORCHARD_GRADER_REPORT"
 MAX_RECORD_BYTES = 64 << 20
 DRAIN_S = 2.0
+# The test output copied to stdout: its first and last LOG_KEEP bytes, so that with a report of
+# up to ~480 KiB the whole stdout stays under the 1 MiB an exec keeps by default (its head and
+# tail halves), and the report line, last, is never cut.
+LOG_KEEP = 256 << 10
 
 
 def sign(key, label, payload):
@@ -76,6 +82,31 @@ def _kill_group(pgid):
     pass
 
 
+class _Log:
+  """Copies the test output to stdout: the first `keep` bytes as they come, then the last
+  `keep` bytes at close (with a note of how many bytes were left out between)."""
+
+  def __init__(self, keep):
+    self.keep, self.written, self.tail, self.dropped = keep, 0, bytearray(), 0
+
+  def add(self, data):
+    if self.written < self.keep:
+      head = data[:self.keep - self.written]
+      _write_all(1, head)
+      self.written += len(head)
+      data = data[len(head):]
+    self.tail += data
+    if len(self.tail) > self.keep:
+      self.dropped += len(self.tail) - self.keep
+      del self.tail[:len(self.tail) - self.keep]
+
+  def close(self):
+    if self.dropped:
+      _write_all(1, "\n[... supervisor: {} bytes of test output left out ...]\n".format(
+          self.dropped).encode())
+    _write_all(1, bytes(self.tail))
+
+
 def run(argv, key, run_id, timeout_s, records):
   """Runs argv; returns the report dict (see the module docstring)."""
   env = dict(os.environ)
@@ -106,6 +137,7 @@ def run(argv, key, run_id, timeout_s, records):
   for fd in streams:
     os.set_blocking(fd, False)
   buffer = bytearray()
+  log = _Log(LOG_KEEP)
   truncated = False
   timed_out = False
   ended = None
@@ -132,7 +164,7 @@ def run(argv, key, run_id, timeout_s, records):
       if not data:
         del streams[fd]
       elif streams[fd] == "log":
-        _write_all(1, data)
+        log.add(data)
       elif len(buffer) + len(data) <= MAX_RECORD_BYTES:
         buffer += data
       else:
@@ -140,6 +172,7 @@ def run(argv, key, run_id, timeout_s, records):
   if child.poll() is None:
     _kill_group(child.pid)
   child.wait()
+  log.close()
   return {"run_id": run_id, "exit_code": child.returncode, "timed_out": timed_out,
           "records": base64.b64encode(zlib.compress(bytes(buffer), 6)).decode("ascii"),
           "records_truncated": truncated, "seconds": round(time.monotonic() - started, 3)}
