@@ -168,6 +168,13 @@ def test_workspace_cannot_replace_pytest_or_run_a_sitecustomize(repo, tmp_path):
     ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "did not finish"),
     ("raise KeyboardInterrupt", "interrupted"),
     ("import _pytest.python\n_pytest.python.Function.runtest = lambda self: None", "canary"),
+    ("import builtins, _pytest.outcomes\nbuiltins.AssertionError = _pytest.outcomes.XFailed",
+     "builtins.AssertionError rebound"),
+    ("import unittest\nunittest.TestCase.assertEqual = lambda *args, **kwargs: None",
+     "unittest.case.TestCase.assertEqual replaced from pkg/__init__.py"),
+    ("import gc\nclass Forcer:\n    def pytest_runtest_logreport(self, report):\n        pass\n"
+     "config = next(o for o in gc.get_objects() if type(o).__name__ == 'Config')\n"
+     "config.pluginmanager.register(Forcer())", "plugin was registered from pkg/__init__.py"),
 ])
 def test_a_run_cut_short_or_bent_is_a_finding(repo, tmp_path, ending, finding):
   (repo / "pkg" / "__init__.py").write_text(PACKAGE + ending + "\n")

@@ -20,8 +20,9 @@ runs
 - `judge_records` turns the records into per-test statuses under rules that make every way of
   cutting the run short or of bending a result count against the patch: a session that did not
   finish (a crash, `os._exit`, a killed runner, a forked child left behind), records the
-  recorder never writes, a canary test that passes or silently does not run, a test function
-  that comes from a file the patch changed, or an xfail raised from code under test.
+  recorder never writes, a canary test that passes or silently does not run, pytest's, pluggy's
+  or unittest's functions or builtins replaced at run time, a plugin or a test function that
+  comes from a file the patch changed, or an xfail raised from code under test.
 
 Other test commands (django's runtests.py, sympy's bin/test) run as before, under `timeout`, and
 their log is read with SWE-bench's parser (`report_source` "log"): those runners print their own
@@ -308,6 +309,19 @@ def judge_records(report: SignedReport, *, is_test_path: Callable[[str], bool],
   elif finish.get("exitstatus") in (_INTERNAL_ERROR, _USAGE_ERROR):
     findings.append(f"pytest stopped with exit status {finish.get('exitstatus')} (internal or "
                     "usage error)")
+  for record in events.get("framework", []):
+    bent = [c for c in record.get("changed") or [] if isinstance(c, dict) and (
+        c.get("change") in ("rebound", "removed") or not is_test_path(str(c.get("origin"))))]
+    if bent:
+      names = ", ".join(f"{c.get('name')} {c.get('change')}"
+                        + (f" from {c['origin']}" if c.get("origin") else "") for c in bent[:5])
+      findings.append(f"the test framework was changed at run time ({record.get('stage')}): "
+                      f"{names}")
+  changed = set(changed_files)
+  for record in events.get("plugins", []):
+    for path in record.get("files") or []:
+      if path in changed and not is_test_path(path):
+        findings.append(f"a pytest plugin was registered from {path}, a file the patch changed")
   canary = next((r.get("canary") for r in events.get("collected", []) if r.get("canary")), None)
   phases: dict[str, dict[str, list[dict]]] = {}
   for record in events.get("test", []):
@@ -325,7 +339,6 @@ def judge_records(report: SignedReport, *, is_test_path: Callable[[str], bool],
                       "results were altered")
     elif not outcomes and not (finish or {}).get("stopped"):
       findings.append(f"the canary test {canary} did not run: tests were dropped from the run")
-  changed = set(changed_files)
   statuses: dict[str, str] = {}
   swapped: dict[str, list[str]] = {}      # file the patch changed -> tests whose function it is
   xfailed: dict[str, list[str]] = {}      # code under test -> tests it made xfail

@@ -20,7 +20,11 @@ PYTHONPATH in ORCHARD_PYTHONPATH. Python 3.6 syntax, standard library plus pytes
    own, and where an imperative xfail was raised; set-up and tear-down only when they did not
    pass); finish (exit status, stopped early); exit (the launcher's exit code).
    The canary is a test added after every other collection hook, into the last test module, that
-   must fail: a run in which it passes, or silently does not run, was tampered with.
+   must fail: a run in which it passes, or silently does not run, was tampered with. Two more
+   records catch code that reaches into the runner: framework (pytest's, pluggy's and
+   unittest's functions and class members replaced by code from the workspace, and builtins
+   rebound, since a snapshot taken before any workspace code ran; checked after collection and
+   at the end) and plugins (the workspace files pytest plugins were registered from).
 """
 import argparse
 import json
@@ -77,8 +81,110 @@ def _import_runner():
       pass
 
 
-def make_recorder(fd, workdir):
-  """The pytest plugin that writes records to file descriptor `fd` (module docstring, step 4)."""
+_FRAMEWORK = ("pytest", "_pytest", "pluggy", "unittest")
+
+
+def framework_snapshot(modules=None):
+  """What code under test would have to change to bend results from inside the process:
+  {(module, name, member or None): (id of the object, id of its code)} for the functions and
+  classes (and their members) of pytest's, pluggy's and unittest's modules, and builtins.
+
+  Args:
+    modules: the module names to read (those of an earlier snapshot), or None for every
+      loaded module of the runner and unittest.
+  Returns:
+    (snapshot, module names read).
+  """
+  import builtins
+  import types
+  if modules is None:
+    modules = sorted(name for name, module in list(sys.modules.items()) if module is not None
+                     and name.split(".")[0] in _FRAMEWORK)
+  snapshot = {}
+  for name, value in list(vars(builtins).items()):
+    if not name.startswith("__"):
+      snapshot[("builtins", name, None)] = (id(value), None)
+  for module_name in modules:
+    module = sys.modules.get(module_name)
+    if module is None:
+      continue
+    for name, value in list(vars(module).items()):
+      if name.startswith("__") or isinstance(value, types.ModuleType):
+        continue
+      if isinstance(value, type):
+        snapshot[(module_name, name, None)] = (id(value), None)
+        if getattr(value, "__module__", None) != module_name:
+          continue
+        for attr, member in list(vars(value).items()):
+          if attr in ("__dict__", "__weakref__", "__doc__") or not (
+              callable(member) or isinstance(member, (staticmethod, classmethod, property))):
+            continue
+          function = getattr(member, "__func__", member)
+          snapshot[(module_name, name, attr)] = (id(member),
+                                                 id(getattr(function, "__code__", None)))
+      elif callable(value):
+        snapshot[(module_name, name, None)] = (id(value), id(getattr(value, "__code__", None)))
+  return snapshot, modules
+
+
+def _origin(value):
+  """The file that defines a function, property, method or class; None for built-in ones."""
+  function = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+  code = getattr(function, "__code__", None)
+  if code is not None:
+    return code.co_filename
+  if isinstance(value, type):
+    return getattr(sys.modules.get(value.__module__), "__file__", None)
+  return None
+
+
+def framework_changes(before, modules, relative):
+  """The changes since snapshot `before` that code outside the runner made: a builtin rebound or
+  removed, a member removed, or a function, member or class replaced or added by code defined
+  in the workspace (`relative` gives its path there, "" outside). pytest and its plugins patch
+  their own classes as they configure (pytest's legacypath plugin adds Config.inifile, ...):
+  those changes come from outside the workspace and are left out.
+
+  Returns:
+    [{"name", "change": "rebound" | "removed" | "replaced" | "added", "origin": path}].
+  """
+  after, _ = framework_snapshot(modules)
+  classes = {(m, n) for (m, n, a), v in before.items() if a is None and v[1] is None}
+  out = []
+  keys = [k for k in before if after.get(k) != before[k]]
+  keys += [k for k in after if k not in before and k[2] is not None and k[:2] in classes]
+  for module_name, name, attr in sorted(keys, key=str):
+    label = ".".join(p for p in (module_name, name, attr) if p)
+    if (module_name, name, attr) not in after:
+      out.append({"name": label, "change": "removed", "origin": ""})
+      continue
+    owner = sys.modules.get(module_name) if module_name != "builtins" else None
+    if module_name == "builtins":
+      import builtins
+      value = vars(builtins).get(name)
+    else:
+      value = vars(owner).get(name)
+      value = vars(value).get(attr) if attr is not None else value
+    if module_name == "builtins":
+      out.append({"name": label, "change": "rebound", "origin": relative(_origin(value))})
+      continue
+    origin = relative(_origin(value))
+    if origin:
+      out.append({"name": label, "change": "added" if (module_name, name, attr) not in before
+                  else "replaced", "origin": origin})
+  return out
+
+
+def make_recorder(fd, workdir, framework=None):
+  """The pytest plugin that writes records to file descriptor `fd` (module docstring, step 4).
+
+  Args:
+    fd: the record pipe's write end.
+    workdir: the repository root (paths in records are relative to it).
+    framework: a `framework_snapshot()` taken before any workspace code ran, checked once the
+      tests are collected and again at the end of the session.
+  """
+  import inspect
   import pytest
   try:
     from _pytest.outcomes import XFailed
@@ -142,6 +248,26 @@ def make_recorder(fd, workdir):
         self.canary = item.nodeid
       self.emit(e="collected", count=len(items), canary=self.canary)
 
+    def check_framework(self, stage):
+      if framework is not None:
+        changed = framework_changes(framework[0], framework[1], relative)
+        if changed:
+          self.emit(e="framework", stage=stage, changed=changed[:20], count=len(changed))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session):
+      self.check_framework("collected")
+      files = []
+      for _, plugin in session.config.pluginmanager.list_name_plugin():
+        try:
+          path = getattr(plugin, "__file__", None) or inspect.getsourcefile(type(plugin))
+        except TypeError:
+          path = None
+        path = relative(path)
+        if path and path not in files:
+          files.append(path)
+      self.emit(e="plugins", files=files)
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_call(self, item):
       function = getattr(item, "obj", None)
@@ -183,6 +309,7 @@ def make_recorder(fd, workdir):
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus):
+      self.check_framework("finish")
       self.emit(e="finish", exitstatus=int(exitstatus),
                 stopped=bool(getattr(session, "shouldstop", False)
                              or getattr(session, "shouldfail", False)))
@@ -205,9 +332,11 @@ def main(arguments):
   sys.path[:] = [p for p in environment if not _inside(p, workdir)]
   _import_runner()
   import pytest
+  import unittest  # noqa: F401 - in the snapshot below, as imported from the environment
+  framework = framework_snapshot()
   fd = int(os.environ.pop("ORCHARD_REPORT_FD"))
   os.set_inheritable(fd, False)
-  recorder = make_recorder(fd, workdir)
+  recorder = make_recorder(fd, workdir, framework)
   pythonpath = os.environ.pop("ORCHARD_PYTHONPATH", None)
   # What `python -m pytest` (the working folder) or the `pytest` script (its folder) puts first.
   if args.mode == "module":
