@@ -293,11 +293,13 @@ def test_gold_with_legitimate_edits_around_the_tests_still_resolves(env_client, 
             + _write("tests/test_my_repro.py", "def test_repro():\n    assert True\n")
             + _write("conftest.py", "collect_ignore = ['build']\n")
             + _write("tests/__init__.py", "")
-            + "printf '\\n[flake8]\\nmax-line-length = 120\\n' >> setup.cfg\n")
+            + "printf '\\n[flake8]\\nmax-line-length = 120\\n' >> setup.cfg\n"
+            + "sed -i 's/^addopts = .*/addopts = \"-x\"/' pyproject.toml\n")
   patch = _patch_from_shell(env_client, instance, script)
   result = _evaluate(env_client, instance, patch)
   assert result.resolved, result.to_dict()
-  assert set(result.restored_files) == {"conftest.py", "setup.cfg", "tests/__init__.py",
+  # setup.cfg's new [flake8] section is not pytest's: that edit stays. pyproject's addopts is.
+  assert set(result.restored_files) == {"conftest.py", "pyproject.toml", "tests/__init__.py",
                                         "tests/test_my_repro.py"}
   assert result.integrity == [] and result.report_source == "structured"
 

@@ -197,3 +197,25 @@ def test_every_touched_path_is_screened_once(repo, operations):
   touched |= {line[len("--- a/"):] for line in patch.splitlines() if line.startswith("--- a/")}
   assert set(listed) == touched
   assert not {f.path for f in screen.rejected} & set(screen.restored_paths)
+
+
+@pytest.mark.parametrize("filename, base, patched, differ", [
+    ("setup.cfg", "[metadata]\nname = x\n[tool:pytest]\naddopts = -q\n",
+     "[metadata]\nname = y\n[tool:pytest]\naddopts = -q\n", False),
+    ("setup.cfg", "[tool:pytest]\naddopts = -q\n", "[tool:pytest]\naddopts = -q -p evil\n", True),
+    ("setup.cfg", "[metadata]\nname = x\n", "[metadata]\nname = x\n[tool:pytest]\n"
+     "python_files = none.py\n", True),
+    ("tox.ini", "[tox]\nenvlist = py3\n", "[tox]\nenvlist = py3,py4\n", False),
+    ("tox.ini", "[pytest]\nxfail_strict = true\n", "[pytest]\nxfail_strict = false\n", True),
+    ("pyproject.toml", '[project]\nname = "x"\n', '[project]\nname = "y"\n', False),
+    # a key after a nested array's line, which looks like a header to a line reader
+    ("pyproject.toml", '[tool.pytest.ini_options]\nmarkers = [\n  ["a"],\n]\n',
+     '[tool.pytest.ini_options]\nmarkers = [\n  ["a"],\n]\naddopts = "-p evil"\n', True),
+    # a dotted key under [tool]
+    ("pyproject.toml", '[tool]\nblack.line-length = 100\n',
+     '[tool]\nblack.line-length = 100\npytest.ini_options.addopts = "-p evil"\n', True),
+    ("pyproject.toml", '[project]\nname = "x"\n', 'not [ valid toml', True),
+    ("setup.cfg", None, "[metadata]\nname = x\n", True),
+])
+def test_shared_config_edits_count_only_when_pytest_reads_them(filename, base, patched, differ):
+  assert screening.runner_settings_differ(base, patched, filename) is differ

@@ -24,9 +24,10 @@ run leaves
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import collections
 import concurrent.futures
-import contextlib
 import dataclasses
 import json
 import os
@@ -149,6 +150,7 @@ def _evaluate(sandbox, instance, model_patch, result, logs):
                          "--untracked-files=all --no-renames", timeout_s=60)
     workspace = screening.parse_git_status(status.output) if status.exit_code == 0 else []
     screen = screening.screen_patch(cleaned, layout, workspace)
+    _keep_config_edits_pytest_does_not_read(sandbox, instance, screen)
     result.suspicious = [str(f) for f in screening.suspicious_code(cleaned, layout)]
     if screen.rejected:
       result.patch_applied = True
@@ -177,6 +179,36 @@ def _evaluate(sandbox, instance, model_patch, result, logs):
       result.error = f"the test patch did not apply: {applied.output[-500:]}"
       return
   _run_tests(sandbox, instance, layout, screen, result, logs)
+
+
+def _keep_config_edits_pytest_does_not_read(sandbox, instance, screen):
+  """setup.cfg, tox.ini and pyproject.toml also hold packaging and other tools' settings: an
+  edit of one that leaves pytest's settings as they were is the fix's own, not put back."""
+  workdir = shlex.quote(instance.test_spec.workdir)
+  base = shlex.quote(instance.base_commit)
+  for finding in list(screen.restored):
+    if finding.kind != "runner_config" or \
+        finding.path.rsplit("/", 1)[-1] not in screening.SHARED_CONFIG_FILES:
+      continue
+    path = shlex.quote(finding.path)
+    shown = sandbox.run(
+        f"cd {workdir} || exit 2\n"
+        f"if git cat-file -e {base}:{path} 2>/dev/null; then git show {base}:{path} | base64 -w0;"
+        f" else printf ABSENT; fi; echo\n"
+        f"if [ -f {path} ] && [ ! -L {path} ]; then base64 -w0 < {path}; else printf ABSENT; fi;"
+        f" echo\n", timeout_s=60)
+    lines = shown.output.split("\n")
+    if shown.exit_code != 0 or len(lines) < 2:
+      continue
+    try:
+      before, after = [None if text.strip() == "ABSENT" else
+                       base64.b64decode(text.strip()).decode("utf-8", "replace")
+                       for text in lines[:2]]
+    except (ValueError, binascii.Error):
+      continue
+    if not screening.runner_settings_differ(before, after, finding.path):
+      screen.restored.remove(finding)
+      screen.fix_files.append(finding.path)
 
 
 def _run_tests(sandbox, instance, layout, screen, result, logs):

@@ -16,7 +16,9 @@ as usual, since a well-meaning agent may well edit tests or configuration in goo
   runner_config   pytest.ini, .pytest.ini, pytest.toml, .pytest.toml, tox.ini, setup.cfg,
                   pyproject.toml at any depth (pytest takes its ini options, addopts with
                   `-p plugin`, `-k`, `--deselect` and `python_files` included, from the first
-                  of these in the tests' ancestors).
+                  of these in the tests' ancestors). setup.cfg, tox.ini and pyproject.toml also
+                  hold packaging and other tools' settings: an edit there is kept when it leaves
+                  what pytest reads alone (`runner_settings_differ`).
   runner_script   a file the test command names (django's tests/runtests.py, sympy's bin/test).
   package_layout  an __init__.py created or deleted in a folder on the way from the repository
                   root to the tests: it changes the names test modules import under (pytest's
@@ -279,6 +281,57 @@ def screen_patch(patch: str, layout: TestLayout,
     else:
       (screen.rejected if finding.kind in REJECT_KINDS else screen.restored).append(finding)
   return screen
+
+
+# Files that hold more than pytest's settings, and the section headers pytest reads in them.
+SHARED_CONFIG_FILES = frozenset({"setup.cfg", "tox.ini", "pyproject.toml"})
+_RUNNER_SECTION = re.compile(r"^\s*\[\s*(pytest|tool:pytest|tool\.pytest(\.[\w.-]+)?)\s*\]\s*$",
+                             re.I)
+_ANY_SECTION = re.compile(r"^\s*\[")
+
+
+def runner_settings(text: str | None) -> list[str]:
+  """What pytest can read from a setup.cfg, tox.ini or pyproject.toml: the lines of its
+  sections ([pytest], [tool:pytest], [tool.pytest.ini_options], [tool.pytest] and subtables)
+  and every other line that names pytest (a dotted TOML key such as
+  `pytest.ini_options.addopts = ...` under [tool], an inline table). None for no file."""
+  if text is None:
+    return ["<no file>"]
+  out, inside = [], False
+  for line in text.replace("\r\n", "\n").split("\n"):
+    if _ANY_SECTION.match(line):
+      inside = bool(_RUNNER_SECTION.match(line))
+    if inside or "pytest" in line.lower():
+      out.append(line.rstrip())
+  return out
+
+
+def _parsed_runner_settings(text: str | None, filename: str):
+  """pytest's settings as a parser reads them: tomllib's `tool.pytest` table for a .toml file,
+  configparser's [pytest] and [tool:pytest] sections otherwise; "<unreadable>" when the file
+  does not parse (pytest would not read it either)."""
+  if text is None:
+    return None
+  try:
+    if filename.endswith(".toml"):
+      import tomllib
+      return tomllib.loads(text).get("tool", {}).get("pytest")
+    import configparser
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    parser.read_string(text)
+    return {name: dict(parser[name]) for name in ("pytest", "tool:pytest")
+            if parser.has_section(name)}
+  except Exception:  # noqa: BLE001 - any parse error
+    return "<unreadable>"
+
+
+def runner_settings_differ(base: str | None, patched: str | None, filename: str) -> bool:
+  """Whether an edit of a shared config file (SHARED_CONFIG_FILES) changes what pytest reads;
+  then the whole file is put back. Both a parser's reading and the lines (`runner_settings`)
+  are compared, so a change either one sees counts. None stands for a file that is absent."""
+  return (runner_settings(base) != runner_settings(patched)
+          or _parsed_runner_settings(base, filename) != _parsed_runner_settings(patched,
+                                                                                 filename))
 
 
 def is_test_code(path: str, layout: TestLayout) -> bool:
