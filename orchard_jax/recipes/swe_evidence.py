@@ -19,6 +19,7 @@ expert's runs, model rollouts and trajectories imported from mini-swe-agent fold
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Any, Mapping, Optional, Sequence
 
@@ -124,6 +125,25 @@ def _written_files(command: str) -> tuple[str, tuple[str, ...]]:
   return shell_text, tuple(dict.fromkeys(written))
 
 
+def _shell_tool_calls(message: Mapping[str, Any]) -> list[str]:
+  """The shell commands of an assistant message's tool calls, for external harnesses whose
+  shell tool takes {"command": ...} (Claude Code's Bash, the bash tool) or {"cmd": ...}
+  (Codex's exec_command; a list of words is joined)."""
+  commands = []
+  for call in message.get("tool_calls") or ():
+    function = call.get("function", {}) if isinstance(call, Mapping) else {}
+    try:
+      arguments = json.loads(function.get("arguments") or "{}")
+    except (TypeError, ValueError):
+      continue
+    value = arguments.get("command", arguments.get("cmd")) if isinstance(arguments, dict) else None
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+      value = " ".join(value)
+    if isinstance(value, str) and value.strip():
+      commands.append(value)
+  return commands
+
+
 def read_steps(messages: Sequence[Mapping[str, Any]]) -> list[Step]:
   """The actions of a bash-agent trajectory with their observations (see module docstring).
 
@@ -138,7 +158,7 @@ def read_steps(messages: Sequence[Mapping[str, Any]]) -> list[Step]:
     if message.get("role") != "assistant":
       continue
     content = str(message.get("content") or "")
-    actions = parse_action(content)
+    actions = parse_action(content) or _shell_tool_calls(message)
     command = actions[0] if len(actions) == 1 else ""
     thought = re.sub(r"```.*?```", "", content, flags=re.DOTALL).strip()
     following = messages[i + 1] if i + 1 < len(messages) else None

@@ -156,6 +156,14 @@ class RolloutRunner:
         self.service.end_session(session_id)
       except Exception:  # noqa: BLE001 - the proxy may already be gone on shutdown
         pass
+    if not trajectory.messages and trajectory.metadata.get("harness") and not aborted:
+      # An external harness keeps its conversation to itself: the trajectory gets the one its
+      # last delivered model call recorded (messages and the answer), for judges and readers.
+      calls = [c for c in self.store.model_calls(session_id) if c.delivered]
+      if calls:
+        trajectory.messages = list(calls[-1].messages) + (
+          [calls[-1].response] if calls[-1].response else [])
+        trajectory.tools = calls[-1].tools
     trajectory.trajectory_id = session_id
     trajectory.experiment = self.experiment
     trajectory.iteration = iteration

@@ -67,3 +67,29 @@ def test_swe_harness_choice_is_checked_before_any_work(tmp_path, monkeypatch, ca
   assert config.engine.max_seq_len == config.rl.seq_len == swe_harness.CLI_CONTEXT_TOKENS
   assert "raised from 4096 to 24576" in capsys.readouterr().out
   assert swe_harness.proxy_origin("http://127.0.0.1:812/sessions/a/v1") == "http://127.0.0.1:812"
+
+
+def test_judge_evidence_reads_external_harness_shell_calls():
+  """The judge's evidence reads the shell commands of Codex's exec_command and Claude Code's
+  Bash tool calls (their observations are the tool messages), as it reads the bash agent's
+  blocks."""
+  from orchard_jax.recipes.swe_evidence import read_steps
+
+  def call(name, arguments):
+    return {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function",
+             "function": {"name": name, "arguments": arguments}}]}
+
+  steps = read_steps([
+    {"role": "user", "content": "fix it"},
+    call("exec_command", '{"cmd": "sed -i s/a/b/ pkg/core.py"}'),
+    {"role": "tool", "tool_call_id": "c", "content": ""},
+    call("Bash", '{"command": "python -m pytest -q tests", "description": "run tests"}'),
+    {"role": "tool", "tool_call_id": "c", "content": "3 passed in 0.1s"},
+    call("exec_command", '{"cmd": ["git", "status"]}'),
+    call("Read", '{"file_path": "pkg/core.py"}'),
+    call("exec_command", "not json")])
+  assert [s.command for s in steps] == ["sed -i s/a/b/ pkg/core.py", "python -m pytest -q tests",
+                                        "git status", "", ""]
+  assert steps[0].edits_source and steps[0].written_files == ("pkg/core.py",)
+  assert steps[1].runs_tests and steps[1].output == "3 passed in 0.1s"
+  assert [s.format_error for s in steps] == [False, False, False, True, True]
