@@ -29,7 +29,9 @@ from orchard_jax.rollout import (Engine, EngineConfig, InferenceServer, Recordin
 sys.path.insert(0, os.path.dirname(__file__))
 from cli_policy import FINAL_ANSWER, harness_conversations, train_tool_caller  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# Each test starts a 20k-token engine, runs the CLI three times and trains twice: about 6 min
+# on 2 idle cores, far more on a loaded machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
              head_dim=32, intermediate_size=128, moe_intermediate_size=64, num_experts=4,
