@@ -29,6 +29,7 @@ import fastapi
 from fastapi import responses
 
 from orchard_jax.env import jobs as _jobs
+from orchard_jax.env.backends import _pipes
 
 TOKEN_ENV = "ORCHARD_AGENT_TOKEN"
 
@@ -75,31 +76,30 @@ _CGROUP_FILES = (("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory.max"), 
                   "/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 
 
-def _oom_kills():
-  """The container's OOM-kill count (its cgroup's oom_kill), or None where not readable."""
-  for events, _ in _CGROUP_FILES:
-    try:
-      with open(events) as f:
-        for line in f:
-          key, _, value = line.partition(" ")
-          if key == "oom_kill":
-            return int(value)
-    except (OSError, ValueError):
-      continue
-  return None
-
-
-def _pids_limit_hits():
-  for path in ("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events"):
+def _cgroup_count(paths, key):
+  """The integer after `key` in the first readable flat keyed cgroup file of `paths`
+  ("oom_kill 3"), or None where none is readable (no cgroup shown to the container)."""
+  for path in paths:
     try:
       with open(path) as f:
         for line in f:
-          key, _, value = line.partition(" ")
-          if key == "max":
+          name, _, value = line.partition(" ")
+          if name == key:
             return int(value)
+      return 0
     except (OSError, ValueError):
       continue
   return None
+
+
+def _oom_kills():
+  """The container's OOM-kill count (its memory cgroup's oom_kill), or None."""
+  return _cgroup_count([events for events, _ in _CGROUP_FILES], "oom_kill")
+
+
+def _pids_limit_hits():
+  """How many forks failed at the container's pids limit, or None."""
+  return _cgroup_count(("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events"), "max")
 
 
 async def _reclaim(sessions, result=None):
@@ -435,23 +435,10 @@ def build_app(token: str, workdir: str = "/") -> fastapi.FastAPI:
 
 async def _feed(popen, data):
   """Writes `data` to the command's stdin on the event loop (no thread), then closes it."""
-  loop = asyncio.get_running_loop()
-  fd = popen.stdin.fileno()
-  os.set_blocking(fd, False)
-  view = memoryview(data)
+  async def one():
+    yield data
   try:
-    while view:
-      try:
-        view = view[os.write(fd, view):]
-      except BlockingIOError:
-        ready = loop.create_future()
-        loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
-        try:
-          await ready
-        finally:
-          loop.remove_writer(fd)
-  except OSError:   # the command closed its stdin or exited
-    pass
+    await _pipes.write_all(popen.stdin.fileno(), one())
   finally:
     try:
       popen.stdin.close()

@@ -427,25 +427,33 @@ class LocalBackend(Backend):
     box.relay = _network.EgressRelay(box.id)
     net_flags = _NS["net"] | (box.ns_flags & _NS["user"])
     for entry in egress:
-      mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-      try:
-        self._send({"op": "listen", "address": entry["listen"], "ns_flags": net_flags,
-                    "cgroups": []}, [("reply", theirs.fileno()), ("pidfd", box.pidfd)])
-      finally:
-        theirs.close()
-      mine.setblocking(False)
-      try:
-        msg, fds, _, _ = await asyncio.wait_for(
-            _recv_fds(asyncio.get_running_loop(), mine), 15)
-      except asyncio.TimeoutError:
-        msg, fds = b"timed out", []
-      finally:
-        mine.close()
-      if not fds:
+      listener = await self._socket_in(box, {"op": "listen", "address": entry["listen"],
+                                             "ns_flags": net_flags, "cgroups": []})
+      if listener is None:
         raise SandboxFailed(f"cannot listen at {entry['url']} inside sandbox {box.id!r} for "
-                            f"egress to {entry['endpoint']}: {msg.decode(errors='replace')}")
-      listener = socket.socket(fileno=fds[0])
+                            f"egress to {entry['endpoint']}")
       await box.relay.add(listener, tuple(entry["target"]))
+
+  async def _socket_in(self, box, request) -> Optional[socket.socket]:
+    """A socket the spawner made inside the sandbox's network namespace ("listen",
+    "connect"), or None if it could not."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+      self._send(request, [("reply", theirs.fileno()), ("pidfd", box.pidfd)])
+    finally:
+      theirs.close()
+    mine.setblocking(False)
+    try:
+      _, fds, _, _ = await asyncio.wait_for(_recv_fds(asyncio.get_running_loop(), mine), 15)
+    except asyncio.TimeoutError:
+      fds = []
+    finally:
+      mine.close()
+    if not fds:
+      return None
+    sock = socket.socket(fileno=fds[0])
+    sock.setblocking(False)
+    return sock
 
   async def _read_until(self, fd, box, end: bytes, status=None) -> bytes:
     """Reads a pipe until `end` arrives; raises SandboxFailed if the process behind `status`
@@ -832,24 +840,12 @@ class LocalBackend(Backend):
 
   async def open_port(self, sandbox_id, ref, port):
     box = self._box(sandbox_id)
-    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-      net_flags = _NS["net"] | (box.ns_flags & _NS["user"])
-      self._send({"op": "connect", "port": port, "ns_flags": net_flags, "cgroups": []},
-                 [("reply", theirs.fileno()), ("pidfd", box.pidfd)])
-    finally:
-      theirs.close()
-    loop = asyncio.get_running_loop()
-    mine.setblocking(False)
-    try:
-      msg, fds, _, _ = await asyncio.wait_for(_recv_fds(loop, mine), 15)
-    finally:
-      mine.close()
-    if not fds:
+    net_flags = _NS["net"] | (box.ns_flags & _NS["user"])
+    sock = await self._socket_in(box, {"op": "connect", "port": port, "ns_flags": net_flags,
+                                       "cgroups": []})
+    if sock is None:
       raise FileOperationError(f"nothing accepts connections on port {port} in sandbox "
                                f"{sandbox_id!r}")
-    sock = socket.socket(fileno=fds[0])
-    sock.setblocking(False)
     return await asyncio.open_connection(sock=sock)
 
 
