@@ -534,17 +534,18 @@ def _world(rng: random.Random) -> World:
   return World(rng, dt.datetime.combine(day, dt.time(rng.randint(8, 10))), tz, user)
 
 
-def draft(template: str, index: int, seed: int = 0) -> dict:
-  """The task dict of template `template`, variant `index` (deterministic in the three)."""
+def draft(template: str, index: int, seed: int = 0, distractors: int = 2) -> dict:
+  """The task dict of template `template`, variant `index` (deterministic in the four), offering
+  the tools its solution uses plus `distractors` other tools of its services."""
   rng = random.Random(f"{template}/{index}/{seed}")
   world = _world(rng)
   spec = TEMPLATES[template](world)
   fault_ops = spec.pop("fault_ops")
   reference = spec.pop("reference")
-  if "tools" not in spec:   # what the solution uses plus up to two distractors of its services
+  if "tools" not in spec:   # what the solution uses plus distractors of its services
     used = sorted({step["call"] for step in reference if "call" in step})
     spare = sorted(t.name for t in tools_of(spec["services"]) if t.name not in used)
-    spec["tools"] = used + rng.sample(spare, min(2, len(spare)))
+    spec["tools"] = used + rng.sample(spare, min(distractors, len(spare)))
   task = {"id": f"train_{template}_{index:03d}", "split": "train", "template": template,
           "category": spec["services"][0] if len(spec["services"]) == 1 else "multi",
           "user": world.user, "now": world.now_text, **spec,
@@ -557,7 +558,8 @@ def draft(template: str, index: int, seed: int = 0) -> dict:
   return task
 
 
-def synthesize(n: int = 240, seed: int = 0, evaluation: Iterable[Task] = ()) -> list[Task]:
+def synthesize(n: int = 240, seed: int = 0, evaluation: Iterable[Task] = (),
+               distractors: int = 2) -> list[Task]:
   """`n` distinct training tasks, templates taken in turn; each loaded (checked), kept out of
   the evaluation set, and dropped when it repeats an earlier draft (same fingerprint: a small
   template can draw the same instruction and fixtures twice). Solutions are not played here
@@ -576,7 +578,8 @@ def synthesize(n: int = 240, seed: int = 0, evaluation: Iterable[Task] = ()) -> 
     if len(tasks) >= n:
       return tasks
     template = names[turn % len(names)]
-    task = task_from_dict(draft(template, index[template], seed), f"synth:{template}")
+    task = task_from_dict(draft(template, index[template], seed, distractors),
+                          f"synth:{template}")
     index[template] += 1
     if task.fingerprint() not in seen and not overlap([task], evaluation):
       seen.add(task.fingerprint())
@@ -615,8 +618,10 @@ def cache_dir() -> str:
 
 def training_set(n: int, seed: int, play: Callable[[Task], Any], *,
                  evaluation: Iterable[Task] = (), folder: Optional[str] = None,
+                 distractors: int = 2,
                  progress: Optional[Callable[[str], None]] = None) -> tuple[list[Task], str]:
-  """The validated synthetic training set for (n, seed), built once and cached as JSON lines.
+  """The validated synthetic training set for (n, seed, distractors), built once and cached as
+  JSON lines.
 
   The file name carries a digest of this module and the services (their sources decide what a
   template produces and whether its solution passes), so a change rebuilds the set.
@@ -633,10 +638,10 @@ def training_set(n: int, seed: int, play: Callable[[Task], Any], *,
   with open(__file__, "rb") as f:
     digest = hashlib.sha256(f.read() + bundle.bundle_digest().encode()).hexdigest()[:12]
   folder = folder or cache_dir()
-  path = os.path.join(folder, f"train-n{n}-s{seed}-{digest}.jsonl")
+  path = os.path.join(folder, f"train-n{n}-s{seed}-d{distractors}-{digest}.jsonl")
   if os.path.exists(path):
     return load_tasks(path), path
-  drafts = synthesize(n, seed, evaluation)
+  drafts = synthesize(n, seed, evaluation, distractors)
   result = validate(drafts, play)
   if len(result.kept) < len(drafts) // 2:
     raise TaskFormatError(f"only {len(result.kept)} of {len(drafts)} synthesised tasks passed "
