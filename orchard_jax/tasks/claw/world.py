@@ -104,6 +104,8 @@ class ClawWorld:
     resets: {service name: reset body ({"fixtures", "faults", "now", "seed", "user"})} for the
       services to start.
     image, cpu, memory, disk, timeout_s: the sandbox to create (timeout_s is its TTL).
+    egress: endpoints the sandbox may reach (Orchard Env's allow-list), e.g. the recording
+      proxy for a harness running inside it; `box.egress_url(url)` is how it reaches them.
     call_timeout_s: how long one tool call may take before the agent is told it timed out.
     start_timeout_s: how long starting the services may take.
     ports: service -> port inside the sandbox (default services.DEFAULT_PORTS).
@@ -114,7 +116,8 @@ class ClawWorld:
   def __init__(self, env_client, resets: Mapping[str, dict], *, image: str = "host",
                cpu: float = 1.0, memory: str = "512Mi", disk: str = "256Mi",
                timeout_s: float = 3600.0, call_timeout_s: float = 30.0,
-               start_timeout_s: float = 60.0, ports: Optional[Mapping[str, int]] = None):
+               start_timeout_s: float = 60.0, ports: Optional[Mapping[str, int]] = None,
+               egress: Sequence[str] = ()):
     unknown = [s for s in resets if s not in _services.SERVICES]
     if unknown or not resets:
       raise ServicesError(f"services to start must be some of {list(_services.SERVICES)}, got "
@@ -123,6 +126,8 @@ class ClawWorld:
     self.resets = {name: dict(body or {}) for name, body in resets.items()}
     self.sandbox_kwargs = dict(image=image, cpu=cpu, memory=memory, disk=disk,
                                timeout=timeout_s)
+    if egress:
+      self.sandbox_kwargs["egress"] = list(egress)
     self.call_timeout_s, self.start_timeout_s = call_timeout_s, start_timeout_s
     self.ports = {name: (ports or _services.DEFAULT_PORTS)[name] for name in self.resets}
     self.token = secrets.token_hex(16)

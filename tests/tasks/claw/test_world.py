@@ -106,3 +106,19 @@ def test_bad_fixtures_fail_the_start_with_the_reason(env_client):
     with ClawWorld(env_client, {"todos": {"fixtures": {"todos": [
         {"title": "x", "priority": "urgent"}]}}}):
       pass
+
+
+def test_egress_lets_an_in_sandbox_harness_reach_its_model_endpoint(env_client):
+  """An external harness runs in the world's sandbox and reaches the model (the recording
+  proxy) through the sandbox's egress allow-list; the stub here stands in for the proxy."""
+  from tests.openai_stub import ChatStub
+  with ChatStub(lambda request: "hello from the model") as stub, \
+       ClawWorld(env_client, RESETS, egress=[stub.root]) as world:
+    url = world.box.egress_url(stub.root + "/v1/chat/completions")
+    script = ("import json, urllib.request as u\n"
+              f"r = u.urlopen(u.Request('{url}', data=json.dumps({{'messages': []}}).encode(), "
+              "headers={'Content-Type': 'application/json'}))\n"
+              "print(json.load(r)['choices'][0]['message']['content'])\n")
+    result = world.box.exec(["python3", "-c", script], timeout=60)
+    assert result.stdout.strip() == "hello from the model", result.stderr
+    assert len(stub.requests) == 1
