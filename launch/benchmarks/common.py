@@ -15,6 +15,7 @@ SUITES = {
     "proxy": "proxy",
     "env": "env",
     "claw": "claw",
+    "vlm": "vlm",
 }
 
 

@@ -219,6 +219,27 @@ class ImageProcessor:
     values.update(overrides)
     return cls(**values)
 
+  def grid(self, width: int, height: int) -> tuple[int, int, int]:
+    """(t, h, w) patch grid of a still image of width x height pixels, from the processor's
+    own resize rule (transformers' smart_resize) without processing any pixel.
+
+    Raises:
+      ImageError: a size the processor refuses (an aspect ratio above 200).
+    """
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    try:
+      h, w = smart_resize(int(height), int(width), factor=self.patch_size * self.merge_size,
+                          min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+    except ValueError as e:
+      raise ImageError(f"the image processor refuses a {width}x{height} image: {e}") from e
+    return 1, h // self.patch_size, w // self.patch_size
+
+  def num_tokens(self, width: int, height: int) -> int:
+    """Language-model tokens of a still image of width x height pixels (see `grid`)."""
+    t, h, w = self.grid(width, height)
+    return t * h * w // self.merge_size ** 2
+
   def config(self) -> dict[str, Any]:
     """The settings, as a preprocessor_config.json would hold them."""
     return {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": self.patch_size,
@@ -238,11 +259,46 @@ class ImageProcessor:
       data = image_bytes(image)
       digest = image_digest(data)
       image = open_image(data)
-    out = self._hf(images=[image.convert("RGB")], return_tensors="np")
+    try:
+      out = self._hf(images=[image.convert("RGB")], return_tensors="np")
+    except ValueError as e:          # e.g. an aspect ratio above 200
+      raise ImageError(f"the image processor refused the {image.width}x{image.height} image: "
+                       f"{e}") from e
     grid = tuple(int(x) for x in out["image_grid_thw"][0])
     t, h, w = grid
     return ProcessedImage(pixel_values=np.asarray(out["pixel_values"], np.float32), grid=grid,
                           num_tokens=t * h * w // self.merge_size ** 2, digest=digest)
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+  """(width, height) of an encoded image from its header, without decoding the pixels.
+
+  Raises:
+    ImageError: not an image format PIL recognises.
+  """
+  from PIL import Image
+
+  try:
+    with Image.open(io.BytesIO(data)) as probe:
+      return probe.size
+  except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+    raise ImageError(f"cannot read the image ({len(data)} bytes): {e}") from e
+
+
+def image_mime(data: bytes) -> str:
+  """The MIME type of an encoded image from its header ("image/png", ...)."""
+  from PIL import Image
+
+  try:
+    with Image.open(io.BytesIO(data)) as probe:
+      return Image.MIME.get(probe.format or "", "image/png")
+  except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+    raise ImageError(f"cannot read the image ({len(data)} bytes): {e}") from e
+
+
+def data_url(data: bytes) -> str:
+  """A data URL of encoded image bytes ("data:image/png;base64,...")."""
+  return f"data:{image_mime(data)};base64,{base64.b64encode(data).decode()}"
 
 
 def expand_image_tokens(ids: Sequence[int], image_token_id: int,

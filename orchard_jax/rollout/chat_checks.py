@@ -9,8 +9,11 @@ its path (`messages[2].tool_calls[0].function`), what was expected and what was 
 servers answer with HTTP 400; it never reaches the template (where it was a 500, or was dropped
 silently) or the engine's batch.
 
-Content parts are checked by type through `CONTENT_PART_CHECKS` (a text-only policy reads
-parts of type "text"; a vision policy adds its image part check there).
+Content parts are checked by type through `CONTENT_PART_CHECKS` (parts of type "text"); a
+vision-language policy's routes pass `images=True`, which also accepts "image_url" parts
+({"type": "image_url", "image_url": {"url": "data:image/png;base64,..." or a file path}}) and
+Qwen3-VL's "image" parts ({"type": "image", "image": ...}); the image itself is read later
+(data.images), where a bad one is a 400 too.
 """
 from __future__ import annotations
 
@@ -42,13 +45,25 @@ def _check_text_part(where: str, part: dict) -> None:
     _fail(f"{where}.text", "a string", part.get("text"))
 
 
+def _check_image_part(where: str, part: dict) -> None:
+  key = "image_url" if part.get("type") == "image_url" else "image"
+  value = part.get(key)
+  url = value.get("url") if isinstance(value, dict) else value
+  if not isinstance(url, str) or not url:
+    _fail(f"{where}.{key}" + (".url" if isinstance(value, dict) else ""),
+          "an image: a data URL 'data:image/png;base64,...' or a file path", url)
+
+
 # Content part type -> check(where, part). Parts of other types are refused: the text-only chat
 # template would drop them silently.
 CONTENT_PART_CHECKS: dict[str, Callable[[str, dict], None]] = {"text": _check_text_part}
+IMAGE_PART_CHECKS: dict[str, Callable[[str, dict], None]] = {"image_url": _check_image_part,
+                                                             "image": _check_image_part}
 
 
-def check_content(where: str, content: Any, *, optional: bool) -> None:
-  """A message's content: a string, a list of parts, or (when optional) None.
+def check_content(where: str, content: Any, *, optional: bool, images: bool = False) -> None:
+  """A message's content: a string, a list of parts, or (when optional) None; with images,
+  image parts are accepted too (module docstring).
 
   Raises:
     RequestError: another type, a part that is not an object with a known "type" (a bare
@@ -69,11 +84,13 @@ def check_content(where: str, content: Any, *, optional: bool) -> None:
     if not isinstance(part, dict):
       _fail(f"{where}[{j}]", "a content part object {'type': 'text', 'text': ...}", part)
     kind = part.get("type")
-    check = CONTENT_PART_CHECKS.get(kind) if isinstance(kind, str) else None
+    checks = {**CONTENT_PART_CHECKS, **IMAGE_PART_CHECKS} if images else CONTENT_PART_CHECKS
+    check = checks.get(kind) if isinstance(kind, str) else None
     if check is None:
+      reads = "text and images" if images else "text only"
       raise RequestError(
-        f"{where}[{j}] has type {kind!r}; this model reads text only (parts of type "
-        f"{sorted(CONTENT_PART_CHECKS)})")
+        f"{where}[{j}] has type {kind!r}; this model reads {reads} (parts of type "
+        f"{sorted(checks)})")
     check(f"{where}[{j}]", part)
 
 
@@ -101,7 +118,7 @@ def check_tool_call(where: str, call: Any) -> None:
     _fail(f"{where}.function.arguments", "a JSON object as text (or an object)", arguments)
 
 
-def check_messages(messages: Any, *, field: str = "messages") -> None:
+def check_messages(messages: Any, *, field: str = "messages", images: bool = False) -> None:
   """Every message of a chat (see the module docstring).
 
   A message is an object with a role in ROLES; content is a string or a list of parts (null is
@@ -122,7 +139,7 @@ def check_messages(messages: Any, *, field: str = "messages") -> None:
     if role not in ROLES:
       raise RequestError(f"{where}.role is {role!r}; expected one of {ROLES}")
     assistant = role == "assistant"
-    check_content(f"{where}.content", message.get("content"), optional=assistant)
+    check_content(f"{where}.content", message.get("content"), optional=assistant, images=images)
     for key in ("name", "tool_call_id", "reasoning_content"):
       value = message.get(key)
       if value is not None and not isinstance(value, str):
@@ -189,13 +206,14 @@ def check_tool_choice(tool_choice: Any, tools: Optional[Sequence[dict]], *,
 
 
 def check_chat(messages: Any, tools: Any = None, tool_choice: Any = None,
-               chat_template_kwargs: Any = None) -> None:
-  """Everything of a chat the chat template reads (see the module docstring).
+               chat_template_kwargs: Any = None, *, images: bool = False) -> None:
+  """Everything of a chat the chat template reads (see the module docstring); images: the
+  policy reads image parts.
 
   Raises:
     RequestError: the first field that does not fit, by its path.
   """
-  check_messages(messages)
+  check_messages(messages, images=images)
   check_tools(tools)
   check_tool_choice(tool_choice, tools)
   if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):

@@ -126,8 +126,10 @@ def build_generate_payload(
     return_logprob: bool = False, logprob_start_len: Optional[int] = None,
     top_logprobs_num: Optional[int] = None, return_text_in_logprobs: bool = False,
     rid: Optional[str] = None, session_id: Optional[str] = None,
-    stream: bool = False) -> dict[str, Any]:
-  """The JSON body of a `/generate` request, in SGLang's field names (see protocol.py).
+    stream: bool = False, image_data: Optional[Sequence[str]] = None) -> dict[str, Any]:
+  """The JSON body of a `/generate` request, in SGLang's field names (see protocol.py);
+  image_data: the images of one prompt (data URLs, paths or base64) for a vision-language
+  model.
 
   Raises:
     RequestError: both or neither of input_ids and text, or unknown sampling fields.
@@ -160,6 +162,8 @@ def build_generate_payload(
     payload["session_id"] = session_id
   if stream:
     payload["stream"] = True
+  if image_data:
+    payload["image_data"] = list(image_data)
   assert set(payload) <= SGLANG_GENERATE_FIELDS, set(payload) - SGLANG_GENERATE_FIELDS
   return payload
 
@@ -311,7 +315,8 @@ class SGLangClient(_ClientBase):
                sampling_params: Union[None, dict, SamplingParams] = None,
                return_logprob: bool = False, logprob_start_len: Optional[int] = None,
                top_logprobs_num: Optional[int] = None, rid: Optional[str] = None,
-               session_id: Optional[str] = None) -> GenerateResponse:
+               session_id: Optional[str] = None,
+               image_data: Optional[Sequence[str]] = None) -> GenerateResponse:
     """Generate from one prompt (ids or text). See `build_generate_payload` for the fields.
 
     Returns:
@@ -322,7 +327,8 @@ class SGLangClient(_ClientBase):
     payload = build_generate_payload(
       input_ids=input_ids, text=text, sampling_params=sampling_params,
       return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-      top_logprobs_num=top_logprobs_num, rid=rid, session_id=session_id)
+      top_logprobs_num=top_logprobs_num, rid=rid, session_id=session_id,
+      image_data=image_data)
     body = self._request("POST", "/generate", json=payload, session_id=session_id)
     return _parse_generate(body, False, "")
 
@@ -499,12 +505,14 @@ class AsyncSGLangClient(_ClientBase):
                      sampling_params: Union[None, dict, SamplingParams] = None,
                      return_logprob: bool = False, logprob_start_len: Optional[int] = None,
                      top_logprobs_num: Optional[int] = None, rid: Optional[str] = None,
-                     session_id: Optional[str] = None) -> GenerateResponse:
+                     session_id: Optional[str] = None,
+                     image_data: Optional[Sequence[str]] = None) -> GenerateResponse:
     """See `SGLangClient.generate`."""
     payload = build_generate_payload(
       input_ids=input_ids, text=text, sampling_params=sampling_params,
       return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-      top_logprobs_num=top_logprobs_num, rid=rid, session_id=session_id)
+      top_logprobs_num=top_logprobs_num, rid=rid, session_id=session_id,
+      image_data=image_data)
     body = await self._request("POST", "/generate", json=payload, session_id=session_id)
     return _parse_generate(body, False, "")
 
@@ -512,7 +520,8 @@ class AsyncSGLangClient(_ClientBase):
                             sampling_params: Union[None, dict, SamplingParams] = None,
                             return_logprob: bool = False,
                             top_logprobs_num: Optional[int] = None,
-                            session_id: Optional[str] = None
+                            session_id: Optional[str] = None,
+                            image_data: Optional[Sequence[str]] = None
                             ) -> AsyncIterator[GenerateResponse]:
     """`/generate` with "stream": true: yields the result so far after each engine step, the
     last one finished (meta_info.finish_reason set).
@@ -528,7 +537,8 @@ class AsyncSGLangClient(_ClientBase):
     """
     payload = build_generate_payload(
       input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob,
-      top_logprobs_num=top_logprobs_num, session_id=session_id, stream=True)
+      top_logprobs_num=top_logprobs_num, session_id=session_id, stream=True,
+      image_data=image_data)
     data = orjson.dumps(payload)
     target = self._router.acquire(session_id)
     ok = False

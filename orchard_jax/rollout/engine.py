@@ -95,6 +95,8 @@ class EngineConfig:
       rows and the batch buckets divided likewise (`scheduler_config`); max_batch_size must
       be a multiple. 1 (the default, as SGLang's dp_size) runs one scheduler; on a CPU with
       at least 2 cores, 2 serves batches of 2 or more about 1.4x faster.
+    image_cache_bytes: budget of a vision-language model's image feature cache (the vision
+      front's output per image digest, rollout.multimodal; least recently used evicted).
   """
   max_batch_size: int = 8
   batch_buckets: tuple[int, ...] = (1, 2, 4, 8)
@@ -107,6 +109,7 @@ class EngineConfig:
   prefix_cache: bool = True
   decode_moe_dispatch: Optional[str] = "auto"
   data_parallel: int = 1
+  image_cache_bytes: int = 1 << 30
 
   def __post_init__(self):
     if not self.batch_buckets or self.batch_buckets[-1] != self.max_batch_size:
@@ -147,17 +150,30 @@ class Engine:
     model: the policy, a `models.CausalLM` (NNX module).
     tokenizer: a `data.Tokenizer` (text prompts, stop strings, end-of-turn ids, output text).
     config: `EngineConfig`.
+    image_processor: a vision-language model's `data.images.ImageProcessor` (default: the
+      model's patching with Qwen3-VL's published pixel bounds).
     model_path: reported by /get_model_info.
     weight_version: initial label reported in meta_info.weight_version.
   """
 
   def __init__(self, model: nnx.Module, tokenizer: Any, *, config: EngineConfig = EngineConfig(),
-               model_path: str = "", weight_version: str = "0"):
+               model_path: str = "", weight_version: str = "0",
+               image_processor: Any = None):
     self.config = config
     self.tokenizer = tokenizer
     self.model_config = getattr(model, "config", None)
     self.runner = ModelRunner(model, decode_moe_dispatch=_decode_dispatch(
-      config.decode_moe_dispatch, self.model_config))
+      config.decode_moe_dispatch, self.model_config),
+      image_cache_bytes=config.image_cache_bytes)
+    self.vision_config = getattr(self.model_config, "vision", None)
+    self.image_processor = image_processor
+    if self.vision_config is not None and image_processor is None:
+      from orchard_jax.data.images import ImageProcessor
+
+      vc = self.vision_config
+      self.image_processor = ImageProcessor(patch_size=vc.patch_size,
+                                            temporal_patch_size=vc.temporal_patch_size,
+                                            merge_size=vc.spatial_merge_size)
     self.model_path = model_path
     self.weight_version = weight_version
     self._rng = np.random.default_rng(config.seed)
@@ -165,7 +181,8 @@ class Engine:
     recurrent = _has_recurrent_state(self.model_config)
     self.schedulers = [
       Scheduler(self.runner, tokenizer, config.scheduler_config(), recurrent=recurrent,
-                name=f"orchard-engine-{i}", weight_version=weight_version)
+                name=f"orchard-engine-{i}", weight_version=weight_version,
+                image_processor=self.image_processor)
       for i in range(config.data_parallel)]
     self._started = False
     self._pause_lock = threading.Lock()
@@ -295,6 +312,7 @@ class Engine:
       prompt = np.asarray(self.tokenizer.encode(request.text or ""), dtype=np.int64)
     if prompt.ndim != 1 or prompt.size == 0:
       raise RequestError("the prompt is empty; expected at least one token")
+    prompt, images = self._prepare_images(request, prompt)
     if self._vocab and (prompt.min() < 0 or prompt.max() >= self._vocab):
       bad = int(prompt[(prompt < 0) | (prompt >= self._vocab)][0])
       raise RequestError(f"prompt token id {bad} is outside the vocabulary [0, {self._vocab})")
@@ -326,9 +344,34 @@ class Engine:
     if seed is None:
       seed = int(self._rng.integers(0, 2**31 - 1))
     return RequestState(
+      images=images,
       request=request, rid=request.rid or uuid.uuid4().hex, prompt=prompt, max_new=max_new,
       seed=int(seed) % (2**32), stop_ids=frozenset(int(s) for s in stops),
       future=concurrent.futures.Future(), on_update=on_update, submitted_at=time.perf_counter())
+
+  def _prepare_images(self, request: SingleGenerateRequest, prompt: np.ndarray):
+    """(prompt, RequestImages or None): a request's images read, preprocessed and their
+    placeholders widened (rollout.multimodal.prepare_images).
+
+    Raises:
+      RequestError: images for a text-only model, image placeholders without images, or an
+        image that cannot be read.
+    """
+    sources = request.image_data or []
+    if self.vision_config is None:
+      if sources:
+        raise RequestError(f"image_data holds {len(sources)} image(s) but the served model "
+                           "reads text only")
+      return prompt, None
+    if not sources:
+      if np.any(prompt == self.vision_config.image_token_id):
+        raise RequestError("the prompt holds image placeholders (<|image_pad|>) but the "
+                           "request has no image_data")
+      return prompt, None
+    from orchard_jax.rollout.multimodal import prepare_images
+
+    return prepare_images(prompt, sources, processor=self.image_processor,
+                          vision_config=self.vision_config, encoder=self.runner.vision)
 
   # ----------------------------------------------------------------- weights
 
@@ -417,7 +460,8 @@ class Engine:
     return {
       "model_path": self.model_path, "tokenizer_path": getattr(self.tokenizer, "name", None),
       "is_generation": True, "preferred_sampling_params": None,
-      "weight_version": self.weight_version, "has_image_understanding": False,
+      "weight_version": self.weight_version,
+      "has_image_understanding": self.vision_config is not None,
       "has_audio_understanding": False, "model_type": arch,
       "architectures": [arch] if arch else None, "compile_count": self.compile_count,
       "num_requests_served": self.num_requests_served,

@@ -44,17 +44,17 @@ def sampling_params_of(request: _Request, max_new_tokens: Optional[int]) -> Samp
     raise RequestError(f"invalid sampling settings: {e}") from e
 
 
-def check_chat_request(request: ChatCompletionRequest) -> None:
+def check_chat_request(request: ChatCompletionRequest, *, images: bool = False) -> None:
   """`chat_checks.check_chat` on a chat-completions request's messages, tools, tool_choice and
   template variables. Used where this project renders the prompt itself (the engine's server,
   the proxy in front of a token-level upstream); a hosted upstream behind the proxy validates
-  its own requests.
+  its own requests. images: the policy reads image parts (a vision-language model).
 
   Raises:
     RequestError: names the field by its path and what was expected.
   """
   check_chat(request.messages, request.tools, request.tool_choice,
-             request.chat_template_kwargs)
+             request.chat_template_kwargs, images=images)
 
 
 def template_messages(messages: Sequence[dict]) -> list[dict]:

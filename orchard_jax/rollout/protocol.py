@@ -8,8 +8,9 @@ both speak to a real SGLang server unchanged.
 
 Requests are strict: a field SGLang does not define is refused (a typo such as `max_tokens` in
 sampling_params would otherwise be ignored silently), and a field SGLang defines but the
-embedded engine does not implement (grammars, penalties, LoRA, multimodal input) is refused
-when set to anything but its default. Responses accept extra fields, since SGLang adds
+embedded engine does not implement (grammars, penalties, LoRA, video and audio input) is
+refused when set to anything but its default. `image_data` is served by vision-language
+policies (rollout.multimodal) and refused by text-only ones. Responses accept extra fields, since SGLang adds
 meta_info keys from release to release.
 
 Response shapes (SGLang's `TokenizerManager`):
@@ -39,7 +40,7 @@ _UNSUPPORTED_SAMPLING = {
 }
 # GenerateReqInput fields SGLang documents that the embedded engine does not implement.
 _UNSUPPORTED_GENERATE = {
-  "input_embeds": None, "image_data": None, "video_data": None, "audio_data": None,
+  "input_embeds": None, "video_data": None, "audio_data": None,
   "token_ids_logprob": None, "return_hidden_states": False, "return_routed_experts": False,
   "modalities": None, "session_params": None, "lora_path": None, "lora_id": None,
   "custom_logit_processor": None, "bootstrap_host": None, "bootstrap_port": None,
@@ -61,7 +62,7 @@ SGLANG_SAMPLING_FIELDS = frozenset({
   "max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p",
   "ignore_eos", "skip_special_tokens", "no_stop_trim", "sampling_seed", *_UNSUPPORTED_SAMPLING})
 SGLANG_GENERATE_FIELDS = frozenset({
-  "text", "input_ids", "sampling_params", "rid", "session_id", "return_logprob",
+  "text", "input_ids", "image_data", "sampling_params", "rid", "session_id", "return_logprob",
   "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "stream",
   *_UNSUPPORTED_GENERATE, *_IGNORED_GENERATE})
 
@@ -170,11 +171,17 @@ class GenerateRequest(BaseModel):
     top_logprobs_num: how many top alternatives to report per position.
     return_text_in_logprobs: fill the third element of each log-prob entry with token text.
     stream: answer with server-sent events, one cumulative result per chunk.
+    image_data: the prompt's images (vision-language policies): one image or a list for one
+      prompt, one such entry per prompt for a batch. An image is a data URL
+      ("data:image/png;base64,..."), a file path on the server, a bare base64 string, or
+      {"url": ...}. The prompt holds <|vision_start|><|image_pad|><|vision_end|> per image (the
+      <|image_pad|> run may already be widened to the image's token count).
   """
   model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
   text: Optional[Union[str, list[str]]] = None
   input_ids: Optional[Union[list[int], list[list[int]]]] = None
+  image_data: Optional[Any] = None
   sampling_params: Optional[Union[dict[str, Any], list[dict[str, Any]]]] = None
   rid: Optional[Union[str, list[str]]] = None
   session_id: Optional[str] = None
@@ -237,7 +244,8 @@ class GenerateRequest(BaseModel):
       if isinstance(self.rid, str) and self.is_batch:
         rid = f"{self.rid}-{i}"
       out.append(SingleGenerateRequest(
-        text=prompt_text, input_ids=prompt_ids,
+        text=prompt_text, input_ids=prompt_ids, image_data=_images_of(self.image_data, i, n,
+                                                                      self.is_batch),
         sampling_params=SamplingParams(**(pick(self.sampling_params, i, "sampling_params", None)
                                           or {})),
         rid=rid,
@@ -248,10 +256,36 @@ class GenerateRequest(BaseModel):
     return out
 
 
+def _images_of(value: Any, i: int, n: int, batch: bool) -> Optional[list[str]]:
+  """Prompt i's images from a request's image_data (see GenerateRequest), as a list of
+  sources."""
+  if value is None:
+    return None
+  if batch:
+    if not isinstance(value, list) or len(value) != n:
+      raise ValueError(f"image_data has {len(value) if isinstance(value, list) else 1} "
+                       f"entries for a batch of {n} prompts; give one (an image, a list of "
+                       "images, or null) per prompt")
+    value = value[i]
+  if value is None:
+    return None
+  items = value if isinstance(value, list) else [value]
+  out = []
+  for k, item in enumerate(items):
+    if isinstance(item, dict) and isinstance(item.get("url"), str):
+      item = item["url"]
+    if not isinstance(item, str) or not item:
+      raise ValueError(f"image_data[{k}] is {type(item).__name__}; expected a data URL, a file "
+                       "path, base64 text or {'url': ...}")
+    out.append(item)
+  return out
+
+
 class SingleGenerateRequest(BaseModel):
   """One prompt of a `GenerateRequest`, with its fields resolved (see there)."""
   text: Optional[str] = None
   input_ids: Optional[list[int]] = None
+  image_data: Optional[list[str]] = None
   sampling_params: SamplingParams = Field(default_factory=SamplingParams)
   rid: Optional[str] = None
   return_logprob: bool = False

@@ -65,6 +65,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
 
 from orchard_jax.data import ChatTemplateError, ModelCall
+from orchard_jax.data.images import ImageError, expand_image_tokens, part_source
 from orchard_jax.rollout.background import BackgroundServer
 from orchard_jax.rollout.disconnect import ClientDisconnected, DisconnectWatch
 from orchard_jax.rollout.errors import (
@@ -74,6 +75,7 @@ from orchard_jax.rollout.openai_chat import (
   template_messages, token_logprobs)
 from orchard_jax.rollout.openai_protocol import ChatCompletionRequest, ChatCompletionResponse
 from orchard_jax.rollout.protocol import SamplingParams
+from orchard_jax.rollout.multimodal import ChatImages, resolve_chat_images
 from orchard_jax.rollout.recorder import RecordWriter
 from orchard_jax.rollout.server import JSONErrors, error_response
 from orchard_jax.rollout.upstream import OpenAIUpstream, SGLangUpstream
@@ -152,7 +154,7 @@ class _Answer:
 class _Call:
   """One model call between planning and its finished turn: timings (time.time() at the
   start, perf_counter() before and after planning), the rendered inputs, the prompt plan,
-  the sampling settings and the wire's name."""
+  the sampling settings, the wire's name and the chat's images."""
   started_at: float
   t0: float
   t1: float
@@ -162,6 +164,11 @@ class _Call:
   plan: "PromptPlan"
   params: SamplingParams
   wire: str
+  images: Optional[ChatImages] = None    # a vision-language chat's images, in prompt order
+
+  def image_urls(self) -> Optional[list[str]]:
+    """The images as data URLs for the upstream's image_data (None without images)."""
+    return self.images.data_urls() if self.images is not None else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,8 +219,19 @@ def _text(content: Any) -> str:
   if isinstance(content, str):
     return content
   if isinstance(content, list):
-    return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return "".join(_part_text(p) for p in content)
   return str(content)
+
+
+def _part_text(part: Any) -> str:
+  """A content part's text for history matching; an image part (its url, which is the image's
+  digest once the proxy read it) counts too, so the same words beside another screenshot are
+  another message."""
+  if not isinstance(part, dict):
+    return str(part)
+  if part.get("type") in ("image_url", "image"):
+    return f"\x00image:{part_source(part)}\x00"
+  return part.get("text", "")
 
 
 class PromptBuilder:
@@ -339,6 +357,11 @@ class RecordingProxy:
       stall the proxy's event loop for ~0.2 s in a process holding JAX and transformers,
       scan only objects made afterwards; leaving unfreezes them (`gc.unfreeze`). A
       process-wide setting; pass False to leave the collector alone.
+    image_processor: a vision-language policy's `data.images.ImageProcessor`: chats may show
+      images ("image_url" parts with data URLs); each is named by its digest in the records
+      and history matching, stored once in the store (`TrajectoryStore.put_image`), its
+      placeholder widened to its tokens in the recorded ids, and sent upstream as image_data.
+      None: the policy reads text only (image parts are a 400).
 
   Attributes:
     app: the FastAPI app (health, models, session end, OpenAPI schema). The server puts
@@ -351,7 +374,7 @@ class RecordingProxy:
                served_model_name: str = "orchard",
                sampling_defaults: Optional[dict] = None,
                sampling_overrides: Optional[dict] = None, host: str = "127.0.0.1",
-               port: int = 0, freeze_gc: bool = True):
+               port: int = 0, freeze_gc: bool = True, image_processor: Any = None):
     if not upstream.text_only and tokenizer is None:
       raise RequestError("a token-level upstream needs the policy's tokenizer to render prompts")
     self.upstream = upstream
@@ -362,6 +385,10 @@ class RecordingProxy:
     self.sampling_defaults = dict(sampling_defaults or {})
     self.sampling_overrides = dict(sampling_overrides or {})
     self.freeze_gc = freeze_gc
+    if image_processor is not None and (tokenizer is None or tokenizer.image_token_id is None):
+      raise RequestError("an image processor needs the policy's vision-language tokenizer "
+                         "(one with <|image_pad|>)")
+    self.image_processor = image_processor
     self.builder = PromptBuilder(tokenizer) if tokenizer is not None else None
     self.sessions: dict[str, _Session] = {}
     self.writer = RecordWriter(store) if store is not None else None
@@ -501,7 +528,7 @@ class RecordingProxy:
     """
     request, wire_request = wire.parse(raw_body)
     if not self.upstream.text_only:  # we render the prompt; a hosted API checks its own
-      check_chat_request(request)
+      check_chat_request(request, images=self.image_processor is not None)
     session = self.sessions.get(session_id)
     if session is None:
       session = self.sessions.setdefault(session_id, _Session(session_id))
@@ -514,7 +541,7 @@ class RecordingProxy:
         # starts, so a request the upstream refuses is an HTTP error, as when not streamed.
         partials = self.upstream.generate_stream(
           call.plan.ids, call.params, session_id=session.id,
-          top_logprobs_num=request.top_logprobs or 0)
+          top_logprobs_num=request.top_logprobs or 0, **self._image_kwargs(call))
         first = await partials.__anext__()
         events = self._stream_call(session, request, call, partials, first,
                                    wire.stream(wire_request, self.served_model_name))
@@ -658,6 +685,21 @@ class RecordingProxy:
     except ValueError as e:
       raise RequestError(f"invalid sampling settings after proxy defaults/overrides: {e}") from e
 
+  def _image_kwargs(self, call: "_Call") -> dict:
+    """The upstream's images argument of a call (nothing for a chat without images, so a
+    text-only upstream's signature is not required to take it)."""
+    return {"images": call.image_urls()} if call.images is not None else {}
+
+  def _store_images(self, images: Optional[ChatImages]) -> list[str]:
+    """Stores a call's images in the trajectory store (each once: content-addressed) and
+    returns their digests; run by the record writer, off the answer's path."""
+    if images is None:
+      return []
+    if self.store is not None:
+      for blob in images.blobs:
+        self.store.put_image(blob)
+    return list(images.digests)
+
   def _plan_call(self, session: _Session, request: ChatCompletionRequest,
                  wire: str = "chat_completions") -> "_Call":
     """The prompt ids and sampling settings of one call (nothing sent yet; the session is
@@ -668,6 +710,11 @@ class RecordingProxy:
     """
     started_at, t0 = time.time(), time.perf_counter()
     messages = template_messages(request.messages)
+    images = None
+    if self.image_processor is not None:
+      # Images are named by digest from here on (history matching, records); the prompt's
+      # placeholders are widened to each image's tokens, the ids the engine prefills.
+      messages, images = resolve_chat_images(messages, self.image_processor)
     tools = request.offered_tools()
     kwargs = dict(request.chat_template_kwargs or {})
     params = self._sampling(request)
@@ -675,7 +722,14 @@ class RecordingProxy:
       plan = self.builder.plan(session, messages, tools, kwargs)
     except ChatTemplateError as e:
       raise RequestError(f"the chat template cannot render these messages: {e}") from None
-    return _Call(started_at, t0, time.perf_counter(), messages, tools, kwargs, plan, params, wire)
+    if images is not None:
+      try:
+        ids = expand_image_tokens(plan.ids, self.tokenizer.image_token_id, images.num_tokens)
+      except ImageError as e:
+        raise RequestError(f"the chat template's image placeholders: {e}") from None
+      plan = dataclasses.replace(plan, ids=ids)
+    return _Call(started_at, t0, time.perf_counter(), messages, tools, kwargs, plan, params, wire,
+                 images)
 
   async def _token_call(self, session: _Session, request: ChatCompletionRequest,
                         wire: str = "chat_completions"
@@ -687,7 +741,8 @@ class RecordingProxy:
     call = self._plan_call(session, request, wire)
     try:
       out = await self.upstream.generate(call.plan.ids, call.params, session_id=session.id,
-                                         top_logprobs_num=request.top_logprobs or 0)
+                                         top_logprobs_num=request.top_logprobs or 0,
+                                         **self._image_kwargs(call))
     except asyncio.CancelledError:   # the caller went away: the upstream request was closed
       self._record_abandoned(session, call)
       raise
@@ -763,6 +818,7 @@ class RecordingProxy:
           metadata["undelivered"] = ("the caller disconnected before the whole answer was "
                                      "sent; the session continued from its last delivered call")
         return ModelCall(
+          images=self._store_images(call.images),
           session_id=session.id, call_index=call_index, prompt_ids=plan.ids,
           output_ids=out.output_ids, output_logprobs=output_logprobs,
           segment_index=segment_index, messages=messages, tools=tools,
@@ -795,6 +851,7 @@ class RecordingProxy:
 
     def record() -> ModelCall:
       return ModelCall(
+        images=self._store_images(call.images),
         session_id=session.id, call_index=call_index, prompt_ids=call.plan.ids,
         output_ids=output_ids, output_logprobs=output_logprobs,
         segment_index=self._segment_of(session, call.plan), messages=call.messages,

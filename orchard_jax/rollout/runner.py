@@ -52,10 +52,12 @@ class ModelRunner:
     compile_count: number of traces of the jitted functions so far.
   """
 
-  def __init__(self, model: nnx.Module, decode_moe_dispatch: Optional[str] = None):
+  def __init__(self, model: nnx.Module, decode_moe_dispatch: Optional[str] = None,
+               image_cache_bytes: int = 1 << 30):
     self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
     self.decode_graphdef = self.graphdef
     config = getattr(model, "config", None)
+    self.config = config
     if (decode_moe_dispatch and config is not None and getattr(config, "num_experts", 0)
         and config.moe_dispatch != decode_moe_dispatch):
       twin_config = dataclasses.replace(config, moe_dispatch=decode_moe_dispatch)
@@ -73,6 +75,11 @@ class ModelRunner:
     self._sample = jax.jit(self._sample_impl, static_argnames=("mode", "top_k_num"))
     self._reset = jax.jit(self._reset_impl, donate_argnums=(0,))
     self._truncate = jax.jit(self._truncate_impl, donate_argnums=(0,))
+    # A vision-language model's image encoder and feature cache (rollout.multimodal).
+    self.vision = None
+    if getattr(config, "vision", None) is not None:
+      from orchard_jax.rollout.multimodal import ImageEncoder
+      self.vision = ImageEncoder(self, image_cache_bytes)
 
   # ------------------------------------------------------------------ weights
 
@@ -105,6 +112,8 @@ class ModelRunner:
     state = jax.tree.map(lambda x: x, self.params)
     nnx.replace_by_pure_dict(state, placed)
     self.params = state
+    if self.vision is not None:
+      self.vision.clear()      # image features came from the old weights
 
   # ------------------------------------------------------------------ cache
 
@@ -165,17 +174,19 @@ class ModelRunner:
     cache = cache.reset_rows(keep <= 0)
     return cache.replace(lengths=jnp.minimum(cache.lengths, keep))
 
-  def _prefill_impl(self, params, cache, ids, positions, segment_ids, next_ids, last_col, *,
-                    top_k_num: int, prompt_logprobs: bool):
+  def _prefill_impl(self, params, cache, ids, positions, segment_ids, next_ids, last_col,
+                    visual, *, top_k_num: int, prompt_logprobs: bool):
     self._count_trace()
     model = nnx.merge(self.graphdef, params, self.rest)
     rows = jnp.arange(ids.shape[0])
+    # Image tokens (vision-language models) are passed only to chunks that hold some.
+    extra = {} if visual is None else {"visual": visual}
     if not prompt_logprobs and _has_lm_head(model):
       # Only the last column's logits are needed: the LM head runs on [batch, hidden] instead
       # of [batch, chunk, hidden] (for a small model it is most of a prefill's work).
-      hidden, _, cache = model.model(ids, positions, segment_ids, cache=cache)
+      hidden, _, cache = model.model(ids, positions, segment_ids, cache=cache, **extra)
       return cache, {"last_logits": model.logits(hidden[rows, last_col]).astype(jnp.float32)}
-    logits, _, cache = model(ids, positions, segment_ids, cache=cache)
+    logits, _, cache = model(ids, positions, segment_ids, cache=cache, **extra)
     logits = logits.astype(jnp.float32)
     logp = jax.nn.log_softmax(logits, axis=-1)
     next_lp = jnp.take_along_axis(logp, next_ids[..., None], axis=-1)[..., 0]
@@ -197,8 +208,8 @@ class ModelRunner:
     return out
 
   def _decode_impl(self, params, cache, tokens, positions, remaining, stop_ids, seeds,
-                   temperature, top_k, top_p, min_p, *, num_steps: int, mode: SamplingMode,
-                   top_k_num: int):
+                   temperature, top_k, top_p, min_p, rope_offset, *, num_steps: int,
+                   mode: SamplingMode, top_k_num: int):
     self._count_trace()
     model = nnx.merge(self.decode_graphdef, params, self.rest)
 
@@ -207,8 +218,10 @@ class ModelRunner:
       # A row that sampled one of its stop ids stays frozen for the rest of the call, so its
       # cache holds exactly prompt + output[:-1] (the prefix cache reuses it).
       active = (s < remaining) & ~stopped
-      logits, _, cache = model(tok[:, None], pos[:, None], active[:, None].astype(jnp.int32),
-                               cache=cache)
+      # RoPE positions: token index + the row's M-RoPE offset (0 for text); sampling keys
+      # stay on the token index.
+      logits, _, cache = model(tok[:, None], (pos + rope_offset)[:, None],
+                               active[:, None].astype(jnp.int32), cache=cache)
       logits = logits[:, 0].astype(jnp.float32)
       keys = row_keys(seeds, pos + 1)
       new_tok, lp = sample_next(logits, keys, temperature, top_k, top_p, min_p, mode)
@@ -230,20 +243,26 @@ class ModelRunner:
 
   def prefill(self, cache, ids: np.ndarray, positions: np.ndarray, segment_ids: np.ndarray,
               next_ids: np.ndarray, last_col: np.ndarray, top_k_num: int = 0,
-              prompt_logprobs: bool = True):
-    """One prefill chunk. Arrays are [batch, chunk] int32 (last_col [batch]).
+              prompt_logprobs: bool = True, visual: Any = None):
+    """One prefill chunk. Arrays are [batch, chunk] int32 (last_col [batch]); positions
+    [batch, chunk, 3] for a vision-language model.
 
     Args:
       prompt_logprobs: compute the prompt tokens' log-probs (scoring, input_token_logprobs);
         False computes logits at last_col only.
+      visual: the chunk's image tokens (models.VisualTokens, rollout.multimodal.chunk_visual),
+        or None.
     Returns:
       (cache, out) with out["last_logits"] [batch, vocab] at column last_col[b], and when
       prompt_logprobs out["next_logprobs"] [batch, chunk] = log p(next_ids[b, c] | tokens up
       to column c) and, when top_k_num > 0, out["top_values"], out["top_ids"] [batch, chunk, k].
     """
+    if visual is not None:
+      visual = jax.tree.map(jnp.asarray, visual)
     return self._prefill(self.params, cache, jnp.asarray(ids), jnp.asarray(positions),
                          jnp.asarray(segment_ids), jnp.asarray(next_ids),
-                         jnp.asarray(last_col), top_k_num=top_k_num if prompt_logprobs else 0,
+                         jnp.asarray(last_col), visual,
+                         top_k_num=top_k_num if prompt_logprobs else 0,
                          prompt_logprobs=prompt_logprobs)
 
   def sample(self, logits, seeds, positions, temperature, top_k, top_p, min_p, *,
@@ -255,7 +274,7 @@ class ModelRunner:
 
   def decode(self, cache, tokens, positions, remaining, seeds, temperature, top_k, top_p, min_p,
              *, num_steps: int, mode: SamplingMode, top_k_num: int = 0,
-             stop_ids: Optional[np.ndarray] = None):
+             stop_ids: Optional[np.ndarray] = None, rope_offset: Optional[np.ndarray] = None):
     """`num_steps` decode steps for every row with remaining > step that has not stopped.
 
     Args:
@@ -264,16 +283,21 @@ class ModelRunner:
       stop_ids: [batch, n] int32 stop token ids of each row, padded with -1 (None: no stops).
         A row that samples one stops for the rest of the call: the stop token is returned but
         never fed, so the row's cache holds exactly its prompt and output but the last token.
+      rope_offset: [batch] int32 added to the positions for RoPE only (a vision-language
+        row's M-RoPE offset after its images; None: zeros).
     Returns:
       (cache, out) with out["tokens"], out["logprobs"] [batch, num_steps] and, when
       top_k_num > 0, out["top_values"], out["top_ids"] [batch, num_steps, k].
     """
     if stop_ids is None:
       stop_ids = np.full((len(tokens), 1), -1, np.int32)
+    if rope_offset is None:
+      rope_offset = np.zeros(len(tokens), np.int32)
     return self._decode(self.params, cache, jnp.asarray(tokens), jnp.asarray(positions),
                         jnp.asarray(remaining), jnp.asarray(stop_ids, dtype=jnp.int32),
                         jnp.asarray(seeds), jnp.asarray(temperature),
                         jnp.asarray(top_k), jnp.asarray(top_p), jnp.asarray(min_p),
+                        jnp.asarray(rope_offset, dtype=jnp.int32),
                         num_steps=num_steps, mode=mode, top_k_num=top_k_num)
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from orchard_jax.rollout.errors import EngineError
 from orchard_jax.rollout.protocol import (
   FinishReason, GenerateResponse, MetaInfo, SamplingParams, SingleGenerateRequest)
+from orchard_jax.rollout.multimodal import chunk_visual
 from orchard_jax.rollout.runner import ModelRunner, bucket
 from orchard_jax.rollout.sampling import SamplingMode
 
@@ -57,6 +58,7 @@ class RequestState:
   weight_version: str = ""
   cached_tokens: int = 0
   epoch: int = 0
+  images: Any = None       # rollout.multimodal.RequestImages of a request with images
 
   @property
   def params(self) -> SamplingParams:
@@ -65,6 +67,12 @@ class RequestState:
   @property
   def top_k_num(self) -> int:
     return self.request.top_logprobs_num if self.request.return_logprob else 0
+
+  @property
+  def key(self) -> np.ndarray:
+    """The prompt as the prefix cache compares it: its ids, image tokens replaced by their
+    image's key (rollout.multimodal), so a resident row matches only the same images."""
+    return self.prompt if self.images is None else self.images.key
 
 
 @dataclasses.dataclass(eq=False)
@@ -86,10 +94,13 @@ class Scheduler:
       only when all its tokens are a prefix of the new prompt.
     name: thread name.
     weight_version: label stamped on admitted requests (meta_info.weight_version).
+    image_processor: a vision-language model's image processor (for an image whose
+      preprocessing was skipped at submission because its features were cached, and that was
+      evicted since).
   """
 
   def __init__(self, runner: ModelRunner, tokenizer: Any, config: Any, *, recurrent: bool,
-               name: str, weight_version: str = "0"):
+               name: str, weight_version: str = "0", image_processor: Any = None):
     self.runner = runner
     self.tokenizer = tokenizer
     self.config = config
@@ -98,6 +109,8 @@ class Scheduler:
     self.num_requests_served = 0
     self.num_requests_aborted = 0
     self._recurrent = recurrent
+    self._mrope = bool(getattr(getattr(runner, "config", None), "mrope_section", ()))
+    self.image_processor = image_processor
     self._queue: "queue.Queue[RequestState]" = queue.Queue()
     self._control: "queue.Queue[tuple[Callable[[], Any], concurrent.futures.Future]]" = (
       queue.Queue())
@@ -390,7 +403,7 @@ class Scheduler:
       limit = min(limit, max(seq.request.logprob_start_len - 1, 0))
     best = (-1, 0, -1)   # row, length, last_used
     for row, res in residents.items():
-      length = _common_prefix(res.tokens, seq.prompt, limit)
+      length = _common_prefix(res.tokens, seq.key, limit)
       if self._recurrent and length < res.tokens.size:
         length = 0
       if (length, res.last_used) > best[1:]:
@@ -419,7 +432,7 @@ class Scheduler:
     """The resident record of s's row once s finished, or None when it cannot be reused."""
     if not self.config.prefix_cache or s.epoch != self._epoch:
       return None
-    fed = np.concatenate([s.prompt, np.asarray(s.output_ids[:-1], np.int64)])
+    fed = np.concatenate([s.key, np.asarray(s.output_ids[:-1], np.int64)])
     # The device may have fed more (a stop string is found on the host after the call): an
     # attention row keeps the host's prefix, a recurrent state is only valid at its exact end.
     if device_len < fed.size or (self._recurrent and device_len != fed.size):
@@ -438,17 +451,24 @@ class Scheduler:
       chunk = bucket(longest, self.config.prefill_chunk_buckets) or (
         self.config.prefill_chunk_buckets[-1])
       ids = np.zeros((batch, chunk), np.int32)
-      pos = np.zeros((batch, chunk), np.int32)
+      # A vision-language model takes 3-D M-RoPE positions (all three equal for text).
+      pos = np.zeros((batch, chunk) + ((3,) if self._mrope else ()), np.int32)
       seg = np.zeros((batch, chunk), np.int32)
       nxt = np.zeros((batch, chunk), np.int32)
       last = np.zeros((batch,), np.int32)
       spans = {}
+      image_rows: list = [None] * batch
       for s in pending:
         r = rows[id(s)]
         start = s.prefilled
         take = min(chunk, int(s.prompt.size) - start)
         ids[r, :take] = s.prompt[start:start + take]
-        pos[r, :take] = np.arange(start, start + take)
+        if s.images is not None:
+          pos[r, :take] = s.images.positions[start:start + take]
+          image_rows[r] = self._image_chunk(s, start, take)
+        else:
+          pos[r, :take] = (np.arange(start, start + take)[:, None] if self._mrope
+                           else np.arange(start, start + take))
         seg[r, :take] = 1
         follow = s.prompt[start + 1:start + take + 1]
         nxt[r, :len(follow)] = follow
@@ -456,8 +476,10 @@ class Scheduler:
         spans[id(s)] = (r, start, take)
       want_inputs = any(s.request.return_logprob and s.request.logprob_start_len >= 0
                         for s in pending)
+      visual = chunk_visual(image_rows, batch, chunk) if any(image_rows) else None
       self._cache, out = self.runner.prefill(self._cache, ids, pos, seg, nxt, last,
-                                             top_k_num=top_k_num, prompt_logprobs=want_inputs)
+                                             top_k_num=top_k_num, prompt_logprobs=want_inputs,
+                                             visual=visual)
       next_lp = np.asarray(out["next_logprobs"]) if want_inputs else None
       tops = ((np.asarray(out["top_values"]), np.asarray(out["top_ids"]))
               if want_inputs and top_k_num else None)
@@ -475,6 +497,22 @@ class Scheduler:
           last_logits, logits, [rows[id(s)] for s in done_now])
       pending = [s for s in pending if s.prefilled < s.prompt.size]
     self._sample_first(admitted, last_logits, rows)
+
+  def _image_chunk(self, s: RequestState, start: int, take: int):
+    """(s.images, start, take) for chunk_visual, once the images whose tokens fall in
+    [start, start + take) are encoded (ImageEncoder: each digest once; images wholly inside
+    the reused prefix are never encoded); None when the chunk holds no image token."""
+    images = s.images
+    first = images.first_image_token(start)
+    if first is None or first >= start + take:
+      return None
+    if images.features is None:
+      images.features = [None] * len(images.images)
+    for k, (lo, hi) in enumerate(images.spans):
+      if images.features[k] is None and hi > start and lo < start + take:
+        images.features[k] = self.runner.vision.features(images.images[k],
+                                                         self.image_processor)
+    return images, start, take
 
   def _record_input_logprobs(self, s: RequestState, next_lp, tops, r, start, take) -> None:
     if not (s.request.return_logprob and s.request.logprob_start_len >= 0):
@@ -535,6 +573,7 @@ class Scheduler:
     n = len(self._slots)
     tokens = np.zeros(n, np.int32)
     positions = np.zeros(n, np.int32)
+    rope_offset = np.zeros(n, np.int32)
     remaining = np.zeros(n, np.int32)
     active = []
     for r, s in enumerate(self._slots):
@@ -542,6 +581,8 @@ class Scheduler:
         continue
       tokens[r] = s.output_ids[-1]
       positions[r] = s.prompt.size + len(s.output_ids) - 1
+      if s.images is not None:
+        rope_offset[r] = s.images.rope_delta
       remaining[r] = s.max_new - len(s.output_ids)
       active.append(s)
     self._grow(active)
@@ -555,7 +596,7 @@ class Scheduler:
     self._cache, out = self.runner.decode(
       self._cache, tokens, positions, remaining, arrays["seeds"], arrays["temperature"],
       arrays["top_k"], arrays["top_p"], arrays["min_p"], num_steps=self.config.decode_steps,
-      mode=_mode(active), top_k_num=top_k_num, stop_ids=stop_ids)
+      mode=_mode(active), top_k_num=top_k_num, stop_ids=stop_ids, rope_offset=rope_offset)
     toks = np.asarray(out["tokens"])
     lps = np.asarray(out["logprobs"])
     tops = (np.asarray(out["top_values"]), np.asarray(out["top_ids"])) if top_k_num else None

@@ -1,7 +1,8 @@
 """The embedded engine's HTTP server: SGLang's native endpoints and the OpenAI-compatible ones.
 
 Native (SGLang wire format, protocol.py):
-  POST /generate                    text or input_ids, sampling_params, return_logprob, ...
+  POST /generate                    text or input_ids, sampling_params, return_logprob,
+                                    image_data (vision-language models), ...
                                     (batched prompts; "stream": true answers with SSE)
   GET  /health, /health_generate    liveness; the latter generates one token
   GET  /get_model_info, /model_info model path, weight_version, plus compile_count
@@ -12,7 +13,8 @@ Native (SGLang wire format, protocol.py):
 OpenAI-compatible:
   GET  /v1/models
   POST /v1/chat/completions         messages + tools rendered by the model's chat template,
-                                    tool calls parsed back, logprobs
+                                    tool calls parsed back, logprobs; a vision-language model
+                                    also reads "image_url" parts (data URLs, file paths)
   POST /v1/completions              text or id prompts
 
 Errors answer {"object": "error", "message", "type", "param", "code"} with HTTP 400 for bad
@@ -38,6 +40,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from orchard_jax.data import ChatTemplateError
+from orchard_jax.data.images import image_parts
 from orchard_jax.rollout.background import BackgroundServer
 from orchard_jax.rollout.disconnect import ClientDisconnected, DisconnectWatch
 from orchard_jax.rollout.engine import Engine
@@ -138,8 +141,15 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
   async def _engine(request: fastapi.Request, exc: RolloutError):
     return error_response(str(exc), 503, "ServiceUnavailableError")
 
+  async def submit(single: SingleGenerateRequest, **kwargs) -> Any:
+    # A request with images is read and preprocessed as it is submitted (tens to hundreds
+    # of ms for a screenshot): off the event loop, so other requests are not held up.
+    if single.image_data:
+      return await asyncio.to_thread(engine.submit, single, **kwargs)
+    return engine.submit(single, **kwargs)
+
   async def run(single: SingleGenerateRequest) -> GenerateResponse:
-    return await asyncio.wrap_future(engine.submit(single))
+    return await asyncio.wrap_future(await submit(single))
 
   # ------------------------------------------------------------------ native
 
@@ -194,7 +204,7 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
       # ids outside the vocabulary) is a 400, not a stream broken after its headers.
       loop = asyncio.get_running_loop()
       updates: asyncio.Queue = asyncio.Queue()
-      future = engine.submit(singles[0], on_update=lambda partial: loop.call_soon_threadsafe(
+      future = await submit(singles[0], on_update=lambda partial: loop.call_soon_threadsafe(
         updates.put_nowait, partial))
       return StreamingResponse(_stream(asyncio.wrap_future(future), updates),
                                media_type="text/event-stream")
@@ -231,16 +241,18 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
   @app.post("/v1/chat/completions")
   async def chat(request: ChatCompletionRequest, raw: fastapi.Request):
     note_ignored(request)
-    check_chat_request(request)
+    reads_images = engine.vision_config is not None
+    check_chat_request(request, images=reads_images)
     tools = request.offered_tools()
-    prompt = engine.tokenizer.render_chat(template_messages(request.messages), tools,
-                                          add_generation_prompt=True,
+    messages = template_messages(request.messages)
+    prompt = engine.tokenizer.render_chat(messages, tools, add_generation_prompt=True,
                                           **(request.chat_template_kwargs or {}))
     params = sampling_params_of(request, request.max_new_tokens)
     want_logprobs = request.logprobs or bool(request.top_logprobs)
     out = await until_disconnect(raw, run(SingleGenerateRequest(
       input_ids=prompt, sampling_params=params, return_logprob=want_logprobs,
-      top_logprobs_num=request.top_logprobs or 0, rid=request.rid)))
+      top_logprobs_num=request.top_logprobs or 0, rid=request.rid,
+      image_data=(image_parts(messages) or None) if reads_images else None)))
     message, _ = assistant_message(out.text, tools, parser=tool_call_parser,
                                    separate_reasoning=request.separate_reasoning)
     logprobs = None

@@ -39,20 +39,25 @@ class SGLangUpstream:
     return ",".join(self.client.urls)
 
   async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
-                     session_id: str, top_logprobs_num: int = 0) -> GenerateResponse:
-    """Sample a continuation of prompt_ids, with the log-prob of every sampled token."""
+                     session_id: str, top_logprobs_num: int = 0,
+                     images: Optional[Sequence[str]] = None) -> GenerateResponse:
+    """Sample a continuation of prompt_ids, with the log-prob of every sampled token;
+    images: the prompt's images in placeholder order (SGLang's image_data)."""
     return await self.client.generate(
       input_ids=prompt_ids, sampling_params=params, return_logprob=True,
-      top_logprobs_num=top_logprobs_num or None, session_id=session_id)
+      top_logprobs_num=top_logprobs_num or None, session_id=session_id,
+      image_data=images or None)
 
   def generate_stream(self, prompt_ids: Sequence[int], params: SamplingParams, *,
-                      session_id: str, top_logprobs_num: int = 0
+                      session_id: str, top_logprobs_num: int = 0,
+                      images: Optional[Sequence[str]] = None
                       ) -> AsyncIterator[GenerateResponse]:
     """`generate` streamed: the cumulative result after each engine step, the last one
     finished (`AsyncSGLangClient.generate_stream`)."""
     return self.client.generate_stream(
       input_ids=prompt_ids, sampling_params=params, return_logprob=True,
-      top_logprobs_num=top_logprobs_num or None, session_id=session_id)
+      top_logprobs_num=top_logprobs_num or None, session_id=session_id,
+      image_data=images or None)
 
   def release_session(self, session_id: str) -> None:
     self.client.release_session(session_id)
