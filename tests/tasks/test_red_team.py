@@ -351,3 +351,15 @@ def test_report_names_the_records_and_the_test_log(env_client, instance, tmp_pat
   assert "PASSED" in log and "signed>" in log
   statuses = json.loads((tmp_path / "test_statuses.json").read_text())
   assert all(statuses[t] == "PASSED" for t in instance.FAIL_TO_PASS + instance.PASS_TO_PASS)
+
+
+def test_a_test_folder_replaced_by_a_file_is_put_back(env_client, instance):
+  # The patch deletes the visible tests and leaves a file where their folder was: the folder
+  # is restored first, then the files in it, then the hidden tests go in, and the fix is graded.
+  folder = instance.test_spec.test_files[0]
+  script = (f"git apply <<'ORCHARD_EOF'\n{instance.patch}ORCHARD_EOF\n"
+            f"rm -rf {folder} && printf 'nothing to see\\n' > {folder}\n")
+  patch = _patch_from_shell(env_client, instance, script)
+  result = _evaluate(env_client, instance, patch)
+  assert result.resolved, result.to_dict()
+  assert result.restored_files[0] == folder

@@ -123,41 +123,26 @@ def evaluate_in_sandbox(sandbox: Sandbox, instance: SWEInstance, model_patch: st
 
 def _evaluate(sandbox, instance, model_patch, result, logs):
   spec = instance.test_spec
+  workdir = shlex.quote(spec.workdir)
   setup = sandbox.run(setup_script(instance, workdir=spec.workdir), timeout_s=300)
   logs["setup.log"] = setup.output
   if setup.exit_code != 0:
     result.error = f"workspace setup failed (exit {setup.exit_code}): {setup.output[-500:]}"
     return
+  if instance.test_patch.strip():
+    sandbox.write_file(f"{_SCRATCH}/test_patch.diff", instance.test_patch.encode("utf-8"))
+    check = sandbox.run(f"cd {workdir} && git apply --check {_SCRATCH}/test_patch.diff",
+                        timeout_s=120)
+    if check.exit_code != 0:
+      result.error = f"the test patch does not apply at base_commit: {check.output[-500:]}"
+      return
   cleaned = patches.clean_patch(model_patch)
   result.empty_patch = not cleaned
   layout = screening.TestLayout.of(instance)
   screen = screening.Screen()
   if cleaned:
-    paths = []
-    for i, variant in enumerate(patches.patch_variants(cleaned)):
-      path = f"{_SCRATCH}/model_patch_{i}.diff"
-      sandbox.write_file(path, variant.encode("utf-8"))
-      paths.append(path)
-    applied = sandbox.run(patches.apply_script(paths, workdir=spec.workdir), timeout_s=120)
-    logs["apply_patch.log"] = applied.output
-    outcome = patches.parse_apply_output(applied.output, applied.exit_code)
-    if not outcome.applied:
-      result.outcome = grading.PATCH_FAILED
-      result.error = "the model patch did not apply with any method"
-      return
-    result.apply_method = outcome.method
-    status = sandbox.run(f"cd {shlex.quote(spec.workdir)} && git status --porcelain=v1 -z "
-                         "--untracked-files=all --no-renames", timeout_s=60)
-    workspace = screening.parse_git_status(status.output) if status.exit_code == 0 else []
-    screen = screening.screen_patch(cleaned, layout, workspace)
-    _keep_config_edits_pytest_does_not_read(sandbox, instance, screen)
-    result.suspicious = [str(f) for f in screening.suspicious_code(cleaned, layout)]
-    if screen.rejected:
-      result.patch_applied = True
-      result.outcome = grading.UNRESOLVED
-      result.integrity = [str(f) for f in screen.rejected]
-      result.error = ("graded unresolved without running the tests: the patch changes "
-                      + "; ".join(result.integrity))
+    screen = _apply_and_screen(sandbox, instance, cleaned, layout, result, logs)
+    if screen is None:
       return
   result.patch_applied = True
   result.restored_files = screen.restored_paths
@@ -167,18 +152,54 @@ def _evaluate(sandbox, instance, model_patch, result, logs):
     script = "\n".join(
         f"rm -rf -- {shlex.quote(f)}; git checkout -q {base} -- {shlex.quote(f)} 2>/dev/null"
         for f in sorted(restore, key=lambda p: (p.count("/"), p)))
-    restored = sandbox.run(f"cd {shlex.quote(spec.workdir)} || exit 2\n{script}\nexit 0",
-                           timeout_s=120)
+    restored = sandbox.run(f"cd {workdir} || exit 2\n{script}\nexit 0", timeout_s=120)
     logs["restore.log"] = restored.output
   if instance.test_patch.strip():
-    sandbox.write_file(f"{_SCRATCH}/test_patch.diff", instance.test_patch.encode("utf-8"))
-    applied = sandbox.run(f"cd {shlex.quote(spec.workdir)} && "
-                          f"git apply -v {_SCRATCH}/test_patch.diff", timeout_s=120)
+    applied = sandbox.run(f"cd {workdir} && git apply -v {_SCRATCH}/test_patch.diff",
+                          timeout_s=120)
     logs["test_patch.log"] = applied.output
     if applied.exit_code != 0:
-      result.error = f"the test patch did not apply: {applied.output[-500:]}"
+      # It applies at base_commit (checked above): what the model patch left in its way (a
+      # folder where a hidden test goes, attributes) is the patch's own doing.
+      result.outcome = grading.UNRESOLVED
+      result.integrity = [f"the test patch did not apply over the model patch: "
+                          f"{applied.output[-300:]}"]
+      result.error = result.integrity[0]
       return
   _run_tests(sandbox, instance, layout, screen, result, logs)
+
+
+def _apply_and_screen(sandbox, instance, cleaned, layout, result, logs):
+  """Applies the model patch and screens what it touched; the Screen, or None when the outcome
+  is already decided (the patch did not apply, or it touches a rejected kind)."""
+  workdir = instance.test_spec.workdir
+  paths = []
+  for i, variant in enumerate(patches.patch_variants(cleaned)):
+    path = f"{_SCRATCH}/model_patch_{i}.diff"
+    sandbox.write_file(path, variant.encode("utf-8"))
+    paths.append(path)
+  applied = sandbox.run(patches.apply_script(paths, workdir=workdir), timeout_s=120)
+  logs["apply_patch.log"] = applied.output
+  outcome = patches.parse_apply_output(applied.output, applied.exit_code)
+  if not outcome.applied:
+    result.outcome = grading.PATCH_FAILED
+    result.error = "the model patch did not apply with any method"
+    return None
+  result.apply_method = outcome.method
+  status = sandbox.run(f"cd {shlex.quote(workdir)} && git status --porcelain=v1 -z "
+                       "--untracked-files=all --no-renames", timeout_s=60)
+  workspace = screening.parse_git_status(status.output) if status.exit_code == 0 else []
+  screen = screening.screen_patch(cleaned, layout, workspace)
+  _keep_config_edits_pytest_does_not_read(sandbox, instance, screen)
+  result.suspicious = [str(f) for f in screening.suspicious_code(cleaned, layout)]
+  if screen.rejected:
+    result.patch_applied = True
+    result.outcome = grading.UNRESOLVED
+    result.integrity = [str(f) for f in screen.rejected]
+    result.error = ("graded unresolved without running the tests: the patch changes "
+                    + "; ".join(result.integrity))
+    return None
+  return screen
 
 
 def _keep_config_edits_pytest_does_not_read(sandbox, instance, screen):

@@ -367,7 +367,7 @@ _SUSPICIOUS = [
                                      r"|sys\._getframe|inspect\.(stack|currentframe|getouterframes)"
                                      r"|gc\.get_(objects|referrers)|__builtins__|import\s+builtins"
                                      r"|import\s+ctypes|from\s+ctypes)\b|\bbuiltins\.\w+\s*=")),
-    ("report_forgery", re.compile(r"(PASSED|FAILED|XFAIL|ERROR)\s+\S+::|/proc/|junit|\.xml\b"
+    ("report_forgery", re.compile(r"(PASSED|FAILED|XFAIL|ERROR)\s+\S+::|/proc/|junitxml"
                                   r"|ORCHARD_")),
 ]
 _EQ_DEF = re.compile(r"^\s*def\s+(__eq__|__ne__|__contains__|__bool__)\s*\(")
