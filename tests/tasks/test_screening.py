@@ -219,3 +219,26 @@ def test_every_touched_path_is_screened_once(repo, operations):
 ])
 def test_shared_config_edits_count_only_when_pytest_reads_them(filename, base, patched, differ):
   assert screening.runner_settings_differ(base, patched, filename) is differ
+
+
+def test_review_of_a_patch_names_its_infrastructure_edits():
+  spec = TestSpec(image="x", test_files=("pkg/tests",))
+  instance = SWEInstance("i", "o/r", "abc", "p", test_spec=spec)
+  patch = ("diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n"
+           "+++ b/conftest.py\n@@ -0,0 +1 @@\n+import pytest\n"
+           "diff --git a/pkg/tests/test_repro.py b/pkg/tests/test_repro.py\nnew file mode 100644\n"
+           "--- /dev/null\n+++ b/pkg/tests/test_repro.py\n@@ -0,0 +1 @@\n+def test(): pass\n"
+           "diff --git a/pkg/core.py b/pkg/core.py\n--- a/pkg/core.py\n+++ b/pkg/core.py\n"
+           "@@ -1 +1,2 @@\n x = 1\n+atexit.register(f)\n")
+  review = screening.review_patch(patch, instance)
+  assert not review.tampering
+  assert [f.path for f in review.runner_edits] == ["conftest.py"]
+  assert review.lines == [
+      "restored conftest.py from the base (conftest: pytest loads it and runs its hooks)",
+      "restored pkg/tests/test_repro.py from the base (test_file: tests come from the base "
+      "and the test patch)",
+      "suspicious code in pkg/core.py (process_control): atexit.register(f)"]
+  shadow = screening.review_patch("--- /dev/null\n+++ b/pytest.py\n@@ -0,0 +1 @@\n+x\n",
+                                  instance)
+  assert shadow.tampering and shadow.lines[0].startswith("rejected pytest.py (runner_shadow")
+  assert screening.review_patch("", instance).lines == []

@@ -428,3 +428,42 @@ def describe(screen: Screen, flags: Sequence[Finding] = ()) -> list[str]:
   lines += [f"restored {f.path} from the base ({f.kind}: {f.reason})" for f in screen.restored]
   lines += [f"suspicious code in {f.path} ({f.kind}): {f.reason}" for f in flags]
   return lines
+
+
+# Kinds that change how the tests run (not merely which tests the agent wrote): a judge holds
+# these against the trajectory's integrity. A new or edited test file (`test_file`) is named
+# but is no such sign: agents are asked to write reproduction tests.
+RUNNER_KINDS = ("hidden_test", "conftest", "runner_config", "runner_script", "package_layout")
+
+
+@dataclasses.dataclass
+class Review:
+  """A patch's test-infrastructure edits, for a judge or a report (no sandbox needed).
+
+  Attributes:
+    screen: `screen_patch` of the patch on its own (no workspace listing).
+    suspicious: `suspicious_code` of the patch.
+    lines: `describe(screen, suspicious)`, one line per edit.
+  """
+  screen: Screen
+  suspicious: list[Finding]
+  lines: list[str]
+
+  @property
+  def tampering(self) -> bool:
+    """It touches a rejected kind: grading refuses it whatever the tests say."""
+    return bool(self.screen.rejected)
+
+  @property
+  def runner_edits(self) -> list[Finding]:
+    """Restored edits that change how the tests run (RUNNER_KINDS)."""
+    return [f for f in self.screen.restored if f.kind in RUNNER_KINDS]
+
+
+def review_patch(patch: str, instance) -> Review:
+  """What a reviewer should know about `patch` on `instance` (an SWEInstance): the paths the
+  evaluator would reject or put back, and the added code that reaches into the runner."""
+  layout = TestLayout.of(instance)
+  screen = screen_patch(patch, layout) if patch.strip() else Screen()
+  suspicious = suspicious_code(patch, layout) if patch.strip() else []
+  return Review(screen, suspicious, describe(screen, suspicious))
