@@ -43,7 +43,7 @@ def _floor(client, repeats):
   durations = []
   for _ in range(repeats):
     started = time.perf_counter()
-    with client.create_sandbox(image="host", cpu=1, memory="512Mi", disk="256Mi") as box:
+    with client.create_sandbox(image="host", cpu=1, memory="512Mi", disk="128Mi") as box:
       box.exec(["python3", "-S", "-c", "pass"])
       durations.append(time.perf_counter() - started)
   return durations

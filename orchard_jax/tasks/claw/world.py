@@ -114,7 +114,7 @@ class ClawWorld:
   """
 
   def __init__(self, env_client, resets: Mapping[str, dict], *, image: str = "host",
-               cpu: float = 1.0, memory: str = "512Mi", disk: str = "256Mi",
+               cpu: float = 1.0, memory: str = "512Mi", disk: str = "128Mi",
                timeout_s: float = 3600.0, call_timeout_s: float = 30.0,
                start_timeout_s: float = 60.0, ports: Optional[Mapping[str, int]] = None,
                egress: Sequence[str] = ()):

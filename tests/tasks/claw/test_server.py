@@ -71,6 +71,21 @@ def test_routes_and_control_token(server):
     assert c.get("/state", headers=h).json()["tables"]["notes"][0]["id"] == "n1"
 
 
+def test_chunked_bodies(server):
+  _, address, _ = server
+  body = b'{"title": "C", "body": "chunked"}'
+  request = (b"POST /notes/create HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
+             b"Connection: close\r\n\r\n" + b"%x\r\n" % 10 + body[:10] + b"\r\n" +
+             b"%x;ext=1\r\n" % (len(body) - 10) + body[10:] + b"\r\n0\r\nX-Trailer: y\r\n\r\n")
+  answer = raw(address, request)
+  assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+  assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["note"]["body"] == "chunked"
+  with httpx.Client() as c:     # httpx streams an iterator body with chunked encoding
+    r = c.post(f"http://{address[0]}:{address[1]}/notes/create",
+               content=iter([b'{"title": "D", ', b'"body": "x"}']))
+    assert r.status_code == 200 and r.json()["note"]["title"] == "D"
+
+
 def test_persistent_connection(server):
   _, (host, port), _ = server
   conn = http.client.HTTPConnection(host, port, timeout=5)
@@ -82,7 +97,10 @@ def test_persistent_connection(server):
 
 
 @pytest.mark.parametrize("request_bytes,status", [
-    (b"POST /notes/list HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 411),
+    (b"POST /notes/list HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
+    (b"POST /notes/list HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
+    (b"POST /notes/list HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+     b"fffffff\r\n", 413),
     (b"POST /notes/list HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", 413),
     (b"POST /notes/list HTTP/1.1\r\nContent-Length: -5\r\n\r\n", 413),
     (b"NONSENSE\r\n\r\n", 400),

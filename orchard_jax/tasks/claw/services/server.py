@@ -5,10 +5,10 @@ GET /tools, and the control routes POST /reset, GET /audit, GET /state, which ne
 `X-Claw-Control` header. Every answer is JSON with a Content-Length; an unexpected failure
 while answering is a 500 naming it, never a dropped connection.
 
-A small HTTP/1.1 server on `socketserver` (persistent connections, Content-Length bodies only)
-rather than `http.server`, whose imports (the email package, http.client) cost more than the
+A small HTTP/1.1 server on `socketserver` (persistent connections, Content-Length or chunked
+bodies) rather than `http.server`, whose imports (the email package, http.client) cost more than the
 rest of a service's start-up; services start in each rollout's sandbox, so that time counts.
-Malformed requests get 400/405/411/413/431 and the connection is closed. Standard library only.
+Malformed requests get 400/405/413/414/431 and the connection is closed. Standard library only.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ MAX_HEADERS = 100
 IDLE_TIMEOUT_S = 600.0
 _REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
             405: "Method Not Allowed", 409: "Conflict", 411: "Length Required",
-            413: "Payload Too Large", 414: "URI Too Long", 429: "Too Many Requests",
+            413: "Content Too Large", 414: "URI Too Long", 429: "Too Many Requests",
             431: "Request Header Fields Too Large", 500: "Internal Server Error",
             501: "Not Implemented", 503: "Service Unavailable"}
 
@@ -115,6 +115,36 @@ class _Handler(socketserver.StreamRequestHandler):
     except (socket.timeout, ConnectionError, OSError):
       pass
 
+  def _read_chunked(self) -> Optional[bytes]:
+    """A chunked request body (RFC 9112 section 7.1), refused with 413 past MAX_BODY_BYTES as
+    the chunks arrive, or 400 when malformed; None when refused or cut off."""
+    parts, total = [], 0
+    while True:
+      line = self.rfile.readline(MAX_LINE + 1)
+      if not line:
+        return None
+      size_text = line.split(b";", 1)[0].strip()
+      try:
+        size = int(size_text, 16)
+      except ValueError:
+        self._refuse(400, "bad_request", f"malformed chunk size {size_text[:20]!r}")
+        return None
+      if size < 0 or total + size > MAX_BODY_BYTES:
+        self._refuse(413, "too_large", f"expected a body of at most {MAX_BODY_BYTES} bytes")
+        return None
+      if size == 0:
+        while True:                       # trailer fields, then the blank line
+          trailer = self.rfile.readline(MAX_LINE + 1)
+          if trailer in (b"\r\n", b"\n", b""):
+            return b"".join(parts)
+      chunk = self.rfile.read(size)
+      if len(chunk) < size or self.rfile.readline(3) not in (b"\r\n", b"\n"):
+        self._refuse(400, "bad_request", "a chunk is shorter than its size or not followed "
+                     "by CRLF")
+        return None
+      parts.append(chunk)
+      total += size
+
   def _one_request(self) -> bool:
     line = self.rfile.readline(MAX_LINE + 1)
     if not line:
@@ -144,21 +174,27 @@ class _Handler(socketserver.StreamRequestHandler):
     connection = headers.get("connection", "").lower()
     keep_alive = ("close" not in connection) if version == "HTTP/1.1" else \
         ("keep-alive" in connection)
-    if "transfer-encoding" in headers:
-      self._refuse(411, "length_required", "send the body with a Content-Length (chunked "
-                   "transfer encoding is not accepted)")
-      return False
-    try:
-      length = int(headers.get("content-length", "0"))
-    except ValueError:
-      length = -1
-    if length < 0 or length > MAX_BODY_BYTES:
-      self._refuse(413, "too_large", f"expected a body of at most {MAX_BODY_BYTES} bytes with "
-                   f"a valid Content-Length, got {headers.get('content-length')!r}")
-      return False
-    body = self.rfile.read(length) if length else b""
-    if len(body) < length:
-      return False
+    coding = headers.get("transfer-encoding", "").lower().strip()
+    if coding:
+      if coding != "chunked" or "content-length" in headers:
+        self._refuse(400, "bad_request", f"unsupported Transfer-Encoding {coding!r} (chunked "
+                     "alone, without Content-Length, is accepted)")
+        return False
+      body = self._read_chunked()
+      if body is None:
+        return False
+    else:
+      try:
+        length = int(headers.get("content-length", "0"))
+      except ValueError:
+        length = -1
+      if length < 0 or length > MAX_BODY_BYTES:
+        self._refuse(413, "too_large", f"expected a body of at most {MAX_BODY_BYTES} bytes "
+                     f"with a valid Content-Length, got {headers.get('content-length')!r}")
+        return False
+      body = self.rfile.read(length) if length else b""
+      if len(body) < length:
+        return False
     path = target.split("?", 1)[0]
     try:
       status, payload, extra = self.app.handle(method.upper(), path, headers, body)
