@@ -35,6 +35,7 @@ from orchard_jax.env.manager import SandboxManager, ServiceConfig
 _log = logging.getLogger("orchard_jax.env")
 API_KEYS_ENV = "ORCHARD_ENV_API_KEYS"
 ADMIN_KEYS_ENV = "ORCHARD_ENV_ADMIN_KEYS"
+_KEEP_ALIVE_SECONDS = 65
 
 
 def load_api_keys(path: Optional[str] = None, env_var: str = API_KEYS_ENV) -> list:
@@ -136,8 +137,12 @@ class Orchestrator:
     main thread, `close()`); the app's lifespan stops the manager (deleting its sandboxes) on
     the way out. `on_ready()` runs once requests are served."""
     await self.manager.start()
+    # Idle keep-alive connections are kept longer than clients keep them (httpx: 5 s), so a
+    # client never sends a request on a connection the server is closing at that moment (a
+    # ReadError the client cannot retry for a non-idempotent POST).
     config = uvicorn.Config(self.build(start=False), log_level=self.log_level,
-                            lifespan="on", timeout_graceful_shutdown=5, ws_ping_interval=None)
+                            lifespan="on", timeout_graceful_shutdown=5, ws_ping_interval=None,
+                            timeout_keep_alive=_KEEP_ALIVE_SECONDS)
     self._server = uvicorn.Server(config)
     serving = asyncio.ensure_future(self._server.serve(sockets=[sock]))
     while not self._server.started and not serving.done():
