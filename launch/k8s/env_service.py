@@ -71,6 +71,23 @@ def sandbox_role_binding(config) -> dict:
   }
 
 
+def service_reader_role(config) -> list[dict]:
+  """A Role and RoleBinding in the fleet's namespace letting the orchestrator read Services
+  there: a sandbox whose egress names one (e.g. the recording proxy,
+  `http://<service>.<namespace>.svc:<port>`) gets a NetworkPolicy to that Service's
+  ClusterIP and pods."""
+  name = f"{config.env.name}-read-services"
+  role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+          "metadata": common.metadata(config, name, COMPONENT, config.namespace),
+          "rules": [{"apiGroups": [""], "resources": ["services"], "verbs": ["get"]}]}
+  binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": common.metadata(config, name, COMPONENT, config.namespace),
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+             "subjects": [{"kind": "ServiceAccount", "name": config.env.name,
+                           "namespace": config.namespace}]}
+  return [role, binding]
+
+
 def api_key_secret(config, api_key: str) -> dict:
   """The Secret holding the API keys the orchestrator accepts (X-API-Key), one per line.
 
@@ -358,6 +375,7 @@ def render(config, api_key: str) -> list[dict]:
       service_account(config),
       sandbox_role(config),
       sandbox_role_binding(config),
+      *service_reader_role(config),
       *sandbox_network_policies(config),
       *seccomp_profile_installer(config),
       api_key_secret(config, api_key),

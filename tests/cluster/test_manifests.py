@@ -211,6 +211,11 @@ def test_orchestrator_may_manage_sandbox_pods_and_policies_and_nothing_cluster_w
                                   "namespace": account["metadata"]["namespace"]}]
   assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == (
       account["metadata"]["name"])
+  # Services of the fleet's namespace may be read (egress to the recording proxy by name).
+  reader, reader_binding = env_service.service_reader_role(config)
+  assert reader["metadata"]["namespace"] == config.namespace
+  assert reader["rules"] == [{"apiGroups": [""], "resources": ["services"], "verbs": ["get"]}]
+  assert reader_binding["subjects"] == binding["subjects"]
 
 
 def test_presets_differ_in_scale_and_store():

@@ -19,7 +19,8 @@ port is relayed from that address and port inside the pod to the same address on
 The pod's seccomp profile (RuntimeDefault or Localhost) is applied to the sandbox container with
 bubblewrap's --seccomp as orchard_jax.env.seccomp's profile, which refuses what the container
 runtimes' default profiles refuse to a container without CAP_SYS_ADMIN.
-The agent image is a folder holding the agent bundle (orchard_jax.env.agent.bundle).
+The agent image is a folder holding the agent bundle (orchard_jax.env.agent.bundle). Services are stored and read back
+(no proxying: a Service here is what the backend reads to allow egress to it).
 """
 import asyncio
 import contextlib
@@ -91,7 +92,7 @@ class FakeCluster:
 
   def __init__(self, folder: str):
     self.folder = folder
-    self.objects = {"pods": {}, "networkpolicies": {}}
+    self.objects = {"pods": {}, "networkpolicies": {}, "services": {}}
     self.version = itertools.count(1)
     self.events = []          # (resourceVersion, type, pod dict)
     self.changed = None
@@ -213,6 +214,23 @@ class FakeCluster:
             except asyncio.TimeoutError:
               pass
       return responses.StreamingResponse(stream(), media_type="application/json")
+
+    @app.post("/api/v1/namespaces/{namespace}/services", status_code=201)
+    async def create_service(namespace: str, request: fastapi.Request):
+      service = await request.json()
+      problem = validate(service)
+      if problem is not None:
+        return problem
+      service["metadata"]["namespace"] = namespace
+      self.objects["services"][(namespace, service["metadata"]["name"])] = service
+      return service
+
+    @app.get("/api/v1/namespaces/{namespace}/services/{name}")
+    async def get_service(namespace: str, name: str):
+      service = self.objects["services"].get((namespace, name))
+      if service is None:
+        return _status("NotFound", f'services "{name}" not found', 404)
+      return service
 
     @app.get("/api/v1/namespaces/{namespace}/pods/{name}")
     async def get_pod(namespace: str, name: str):

@@ -207,3 +207,53 @@ def test_pids_limit_must_be_enforceable(tmp_path):
     backend.validate(orchard_env.SandboxSpec(image="python:3.11-slim", pids=100))
   with pytest.raises(orchard_env.ImageError, match="container images"):
     backend.validate(orchard_env.SandboxSpec(image="/some/image/dir"))
+
+
+def test_egress_to_a_cluster_service_by_its_name(tmp_path):
+  """egress=["http://<service>.<namespace>.svc:<port>"]: the backend reads the Service; the
+  pod's policy allows its ClusterIP and its pods (selector, target port), its /etc/hosts pins
+  the name, and the URL inside is the URL given. In the fake cluster the Service's ClusterIP
+  is this machine's 127.0.0.1, where a server stands in for the proxy."""
+  import http.server
+  import threading
+  from kubernetes import client as k8s
+
+  class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+      self.send_response(200)
+      self.end_headers()
+      self.wfile.write(b"proxy")
+
+    def log_message(self, *args):
+      pass
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  port = server.server_address[1]
+  try:
+    with fake_kube.FakeCluster(str(tmp_path)) as cluster:
+      k8s.CoreV1Api(cluster.api_client()).create_namespaced_service("orchard", {
+          "apiVersion": "v1", "kind": "Service", "metadata": {"name": "proxy"},
+          "spec": {"clusterIP": "127.0.0.1", "selector": {"app": "proxy"},
+                   "ports": [{"port": port, "targetPort": "http", "protocol": "TCP"}]}})
+      backend = KubernetesBackend(_config(), api_client=cluster.api_client())
+      with orchard_env.Orchestrator(backend, config=make_config()) as service, \
+           orchard_env.SandboxClient(service.url, service.api_key) as client:
+        url = f"http://proxy.orchard.svc:{port}"
+        with client.create_sandbox(egress=[url]) as box:
+          assert box.egress_url(url + "/v1") == url + "/v1"
+          fetch = ("python3 -c \"import sys, urllib.request; "
+                   "print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())\" ")
+          assert box.exec(fetch + url + "/").stdout == "proxy\n"
+          policy = cluster.objects["networkpolicies"][m.egress_policy_name(box.id)]
+          assert policy["spec"]["egress"] == [
+              {"to": [{"ipBlock": {"cidr": "127.0.0.1/32"}}],
+               "ports": [{"protocol": "TCP", "port": port}]},
+              {"to": [{"namespaceSelector": {"matchLabels": {
+                          "kubernetes.io/metadata.name": "orchard"}},
+                       "podSelector": {"matchLabels": {"app": "proxy"}}}],
+               "ports": [{"protocol": "TCP", "port": "http"}]}]
+        with pytest.raises(orchard_env.SandboxFailed, match="no port 1"):
+          client.create_sandbox(egress=["http://proxy.orchard.svc:1"])
+  finally:
+    server.shutdown()
+    server.server_close()

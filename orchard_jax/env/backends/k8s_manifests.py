@@ -239,8 +239,9 @@ def render_allow_egress_policy(sandbox_id: str, config: KubernetesConfig, *,
 
   Args:
     network: allow the internet (all but config.internet_except) and cluster DNS.
-    egress: resolved endpoints, dicts {"host", "port", "addresses": [ip, ...]}: each allows
-      its addresses on its TCP port.
+    egress: resolved endpoints, dicts {"host", "port", "addresses": [ip, ...], and for a
+      cluster Service "service": {"namespace", "selector", "target_port"}}: each allows its
+      addresses on its TCP port, and a Service's pods on their target port.
   """
   import ipaddress
   rules = []
@@ -258,7 +259,15 @@ def render_allow_egress_policy(sandbox_id: str, config: KubernetesConfig, *,
     for address in endpoint["addresses"]:
       bits = 128 if ipaddress.ip_address(address).version == 6 else 32
       blocks.append({"ipBlock": {"cidr": f"{address}/{bits}"}})
-    rules.append({"to": blocks, "ports": [{"protocol": "TCP", "port": int(endpoint["port"])}]})
+    if blocks:
+      rules.append({"to": blocks, "ports": [{"protocol": "TCP", "port": int(endpoint["port"])}]})
+    service = endpoint.get("service")
+    if service is not None and service["selector"]:   # its pods, on the port they serve on
+      peer = {"namespaceSelector": {"matchLabels": {
+                  "kubernetes.io/metadata.name": service["namespace"]}},
+              "podSelector": {"matchLabels": dict(service["selector"])}}
+      rules.append({"to": [peer], "ports": [{"protocol": "TCP",
+                                             "port": service["target_port"]}]})
   return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
           "metadata": {"name": egress_policy_name(sandbox_id), "namespace": config.namespace,
                        "labels": {LABEL_MANAGED: MANAGED_BY, LABEL_SANDBOX: sandbox_id}},

@@ -16,6 +16,7 @@
 import asyncio
 import base64
 import logging
+import re
 import secrets
 import socket
 import threading
@@ -36,6 +37,8 @@ from orchard_jax.env.errors import (BackendUnavailable, FileOperationError, Imag
 
 _log = logging.getLogger("orchard_jax.env.kubernetes")
 KubernetesConfig = _m.KubernetesConfig
+_SERVICE_NAME = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z0-9]([-a-z0-9]*[a-z0-9])?)"
+                           r"\.svc(?:\.cluster\.local)?")
 _FATAL_WAITING = {"ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError",
                   "CreateContainerError", "RunContainerError"}
 
@@ -203,9 +206,17 @@ class KubernetesBackend(Backend):
             "egress": [{"endpoint": e.origin, "url": e.origin} for e in endpoints]}
 
   async def _resolve(self, spec: SandboxSpec) -> list:
-    """The egress endpoints with the addresses their hosts have now."""
+    """The egress endpoints with the addresses their hosts have now. A cluster Service named
+    `<service>.<namespace>.svc[.cluster.local]` is read from the API server: its ClusterIP is
+    the address (pinned in the pod's /etc/hosts), and its pods (selector, target port) are
+    the policy's peer too, since most CNIs apply policies after the Service's address
+    translation."""
     out = []
     for endpoint in _egress.parse_endpoints(spec.egress):
+      service = _SERVICE_NAME.fullmatch(endpoint.host)
+      if service is not None:
+        out.append(await self._service_endpoint(endpoint, *service.group(1, 3)))
+        continue
       if endpoint.address is not None:
         addresses = [str(endpoint.address)]
       else:
@@ -218,6 +229,24 @@ class KubernetesBackend(Backend):
         addresses = sorted({info[4][0] for info in infos})
       out.append({"host": endpoint.host, "port": endpoint.port, "addresses": addresses})
     return out
+
+  async def _service_endpoint(self, endpoint, name: str, namespace: str) -> dict:
+    from kubernetes.client.exceptions import ApiException
+    try:
+      service = await asyncio.to_thread(self.core.read_namespaced_service, name, namespace)
+    except ApiException as e:
+      raise SandboxFailed(f"egress endpoint {endpoint.origin}: cannot read Service {name!r} "
+                          f"in namespace {namespace!r}: {e.status} {e.reason}") from None
+    ports = [p for p in service.spec.ports or () if p.port == endpoint.port]
+    if not ports:
+      raise SandboxFailed(f"egress endpoint {endpoint.origin}: Service {namespace}/{name} has "
+                          f"no port {endpoint.port}")
+    cluster_ip = service.spec.cluster_ip
+    addresses = [cluster_ip] if cluster_ip and cluster_ip != "None" else []
+    target = ports[0].target_port if ports[0].target_port is not None else endpoint.port
+    return {"host": endpoint.host, "port": endpoint.port, "addresses": addresses,
+            "service": {"namespace": namespace, "selector": dict(service.spec.selector or {}),
+                        "target_port": target}}
 
   async def _throttle(self):
     async with self._rate_lock:
