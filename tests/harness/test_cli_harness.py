@@ -89,7 +89,7 @@ def _run(world, harness, session, limits):
     box.exec("git init -q . && echo base > README && git add -A && "
              "git -c user.email=t@t -c user.name=t commit -qm base", check=True)
     # Nothing but the proxy is reachable: the engine's own port is not.
-    engine_url = world["engine"] and proxy.upstream.client.urls[0]
+    engine_url = proxy.upstream.client.urls[0]
     probe = box.exec(f"curl -s -m 5 -o /dev/null -w '%{{http_code}}' {engine_url}/health")
     assert probe.stdout.strip() in ("", "000")
     run = run_cli_harness(harness, box, TASK, base_url=box.egress_url(proxy.session_url(session)),
