@@ -27,7 +27,8 @@ from flax import nnx
 from orchard_jax.models.attention import dot_product_attention
 from orchard_jax.models.layers import apply_rope, rope_tables
 
-TOOL_OUTPUTS = ("", "Process exited with code 0\nOutput:\n", "(Bash completed with no output)")
+TOOL_OUTPUTS = ("", "Process exited with code 0\nOutput:\n", "Exit code: 0\nWall time: 0.1 seconds",
+                "(Bash completed with no output)", "ok\n")
 FINAL_ANSWER = "Done: hello.txt is created."
 
 
@@ -89,28 +90,19 @@ def train_tool_caller(model, tokenizer, conversations: Sequence[Sequence[dict]],
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from chat_training import training_example
 
-  # One program for every example: sequences padded to one length (a causal model's states
-  # before the padding do not change) and target rows to one count (padding rows weigh 0).
-  encoded = [training_example(tokenizer, messages, tools) for messages in conversations]
-  length = -(-max(len(ids) for ids, _ in encoded) // 1024) * 1024
-  rows_max = max(int(np.count_nonzero(weights[1:])) for _, weights in encoded)
   examples = []
-  for ids, weights in encoded:
-    padded = np.zeros(length + 1, np.int32)
-    padded[:len(ids)] = ids
-    h, x, k, v, cos, sin = _frozen_states(model, padded[:-1])
+  for messages in conversations:
+    ids, weights = training_example(tokenizer, messages, tools)
+    h, x, k, v, cos, sin = _frozen_states(model, ids[:-1])
     rows = np.nonzero(weights[1:])[0]          # positions whose next token is a target
-    used = np.zeros(rows_max, np.float32)
-    used[:len(rows)] = 1.0
-    rows = np.concatenate([rows, np.full(rows_max - len(rows), rows[-1])])
-    mask = jnp.asarray(np.arange(length)[None, :] <= rows[:, None])[None]
+    mask = jnp.asarray(np.arange(len(ids) - 1)[None, :] <= rows[:, None])[None]
     examples.append((h[:, rows], x[:, rows], k, v, cos[:, rows], sin[:, rows], mask,
-                     jnp.asarray(padded[1:][rows])[None], jnp.asarray(used)[None]))
+                     jnp.asarray(ids[1:][rows])[None]))
   trainable = _Trainable(model)
   optimizer = nnx.Optimizer(trainable, optax.adam(learning_rate), wrt=nnx.Param)
 
   @nnx.jit
-  def step(trainable, optimizer, h, x, k, v, cos, sin, mask, targets, used):
+  def step(trainable, optimizer, h, x, k, v, cos, sin, mask, targets):
     def loss_fn(t):
       q = apply_rope(t.q_norm(jnp.einsum("btd,dhk->bthk", x, t.q_proj[...])), cos, sin)
       o = dot_product_attention(q, k, v, mask)
@@ -118,8 +110,8 @@ def train_tool_caller(model, tokenizer, conversations: Sequence[Sequence[dict]],
       y = t.post_norm(hm)
       y = t.mlp(y, jnp.ones(y.shape[:2], bool))[0] if t.is_moe else t.mlp(y)
       logits = jnp.einsum("btd,dv->btv", t.norm(hm + y), t.lm_head[...])
-      nll = -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), targets[..., None], -1)[..., 0]
-      return jnp.sum(nll * used) / jnp.sum(used)
+      nll = -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), targets[..., None], -1)
+      return jnp.mean(nll)
 
     loss, grads = nnx.value_and_grad(loss_fn)(trainable)
     optimizer.update(trainable, grads)
