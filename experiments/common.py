@@ -38,7 +38,7 @@ def swe_tasks():
   ))
 
 
-def swe_env():
+def sandbox_env():
   """Where sandboxes come from: "" starts an in-process Orchard Env with the local backend."""
   return ml_collections.ConfigDict(dict(url="", api_key="", max_parallel=2))
 
@@ -52,9 +52,10 @@ def swe_agent():
       command_timeout_s=60.0, output_limit_chars=10000))
 
 
-# ----------------------------------------------------------------------------- Orchard-SWE recipe
+# ----------------------------------------------------------------------------- the agentic loop
 
-SWE_PRESETS = ("tiny", "qwen3_5_35b_a3b", "cluster")
+PRESETS = ("tiny", "qwen3_5_35b_a3b", "cluster")
+SWE_PRESETS = PRESETS
 
 
 def _env_urls(name: str) -> str:
@@ -64,32 +65,34 @@ def _env_urls(name: str) -> str:
 
 
 def _endpoint(kind: str, **extra):
-  """An LLM grader endpoint (judge, annotator): "evidence" is offline; "llm" needs url."""
+  """An LLM grader endpoint (judge, annotator): the domain names its kinds ("evidence" is SWE's
+  offline one); "llm" needs url."""
   return ml_collections.ConfigDict(dict(
       kind=kind, url="", model="", api_key_env="", timeout_s=120.0, retries=2,
       temperature=0.6, max_tokens=1024, observation_chars=1200, **extra))
 
 
-def swe_base(preset="tiny"):
-  """Everything the Orchard-SWE recipe reads (orchard_jax/recipes/swe.py), for one preset.
+def rl_base(preset="tiny"):
+  """Everything the agentic loop reads (orchard_jax/recipes/agentic), for one preset, whatever
+  the domain: policy, mesh, engine, sampling, store, SFT, RL (BAR, RPR, OPD), evaluation and the
+  value model, plus the fields a domain shares (tasks.heldout_fraction, env, judge and
+  annotator endpoints). A domain's base (`swe_base`) adds its own blocks and settings.
 
   Presets (every preset has the same fields, so any field can be overridden or swept):
     tiny             the embedded default: the tiny policy, in-process Orchard Env with local
-                     bubblewrap sandboxes, the embedded JAX engine, offline judge/annotator;
-                     sized to finish `swe_rpr` in under 45 minutes on 2 CPU cores.
+                     bubblewrap sandboxes, the embedded JAX engine; sized for 2 CPU cores.
     qwen3_5_35b_a3b  the published setting (docs/algorithms.md sections 1-5) at its real size.
     cluster          qwen3_5_35b_a3b pointed at the fleet (launch/fleet.py): Orchard Env, SGLang
                      servers and the checkpoint volume from the ORCHARD_* environment variables
                      the training Job sets; only URLs and sizes differ, never code.
-  Experiment files (swe_sft.py, swe_bar.py, ...) set `job` and what differs.
   """
   import os
-  if preset not in SWE_PRESETS:
-    raise ValueError(f"preset {preset!r} is not one of {SWE_PRESETS}")
+  if preset not in PRESETS:
+    raise ValueError(f"preset {preset!r} is not one of {PRESETS}")
   big = preset != "tiny"
   c = ml_collections.ConfigDict()
   c.job = ""
-  c.name = "swe"                     # experiment name: store records and run folder carry it
+  c.name = "run"                     # experiment name: store records and run folder carry it
   c.preset = preset
   c.workdir = ""                     # "" = runs/<name>_<preset> (cluster: $ORCHARD_CHECKPOINT_DIR)
   c.seed = 0
@@ -107,18 +110,10 @@ def swe_base(preset="tiny"):
   c.mesh = ml_collections.ConfigDict(
       dict(data=1, fsdp=-1, tensor=1, expert=8) if big else dict(data=-1, fsdp=1, tensor=1,
                                                                    expert=1))
-  c.tasks = swe_tasks()
-  c.tasks.heldout_fraction = 0.2      # instances kept out of training (by a hash of their id)
-  c.tasks.train_tasks = 0 if big else 2  # RL/SFT training subset size (0 = every train task)
-  c.tasks.selection = "all" if big else "shortest_expert"  # or "first": how the subset is chosen
-  c.tasks.per_package = 0 if big else 1  # at most this many subset tasks per package (0 = any)
-  c.env = swe_env()
+  c.tasks = ml_collections.ConfigDict(dict(
+      heldout_fraction=0.2))          # tasks kept out of training (by a hash of their id)
+  c.env = sandbox_env()
   c.env.max_parallel = 64 if big else 2
-  c.agent = swe_agent()
-  if big:
-    c.agent.step_limit, c.agent.output_limit_chars = 100, 10000
-  else:
-    c.agent.step_limit, c.agent.output_limit_chars, c.agent.wall_time_limit_s = 14, 300, 600.0
   c.engine = ml_collections.ConfigDict(dict(
       urls="",                       # SGLang native URLs (comma-separated); "" = embedded engine
       max_batch_size=8, max_seq_len=65536 if big else 4096, decode_steps=16,
@@ -128,41 +123,25 @@ def swe_base(preset="tiny"):
                                      # job's recorded sessions replayed: 46-55 s vs 64-71 s)
       weights_dir="",                # where remote engines load new weights from (shared disk)
       served_model_name="policy"))
-  # Tiny: temperature 0.8, top_p 1.0. The tiny policy memorises its two SFT trajectories and
-  # resolves only when it reproduces one closely, so the sampling temperature sets the SFT
-  # start's resolved rate. Measured from the default run's SFT checkpoint (125 epochs, loss
-  # 0.0022): temperature 1.0 resolved 1/10 and 0/12 (groups without a resolved rollout: BAR has
-  # nothing to train on), 0.8 resolved 3/8 first rollouts (mixed groups). top_p stays 1.0:
-  # top_p 0.95 turns every token with p > 0.95 into greedy decoding (115+ epochs then resolved
-  # 12/12, all-resolved groups have zero reward spread). The recorded log-probs are the
-  # untempered policy's, like the trainer's, so the first update's ratio is exactly 1.
   c.sampling = ml_collections.ConfigDict(dict(
       temperature=0.95 if big else 0.8, top_p=0.95 if big else 1.0,
       max_tokens=4096 if big else 512))  # per turn
   c.store = ml_collections.ConfigDict(dict(path=""))  # "" = <workdir>/store
   c.sft = ml_collections.ConfigDict(dict(
       enabled=True,                  # warm-start with SFT when policy.init is ""
-      source="expert",               # "expert" (replay expert on the training tasks), a trajectory
-                                     # store folder, or a mini-swe-agent trajectory folder
-      variants=("gold", "give_up") if big else ("gold",),  # replay-expert variants
-                                     # (harness.VARIANTS); tiny: gold only, as each extra
-                                     # trajectory costs a 12 s step per epoch on 2 cores
+      source="expert",               # "expert" (the domain's seed trajectories on the training
+                                     # tasks), a trajectory store folder, or a mini-swe-agent
+                                     # trajectory folder
       experiments=(),                # store source: only these experiments (empty: all)
       mode="credit",                 # "credit" (resolved + rise segments) or "resolved_only"
       eps=0.05,                      # rise threshold
       max_tokens=65536 if big else 2560,  # longer trajectories are dropped (never truncated)
-      epochs=5 if big else 125,      # tiny: one step per epoch (see sampling's comment)
+      epochs=5 if big else 125,
       batch_size=128 if big else 2, seq_len=65536 if big else 2560,
       microbatches=1 if big else 2,  # rows per microbatch = batch_size / microbatches / devices
       lr=1e-5 if big else 3e-3, end_lr=1e-6 if big else 3e-4, warmup_steps=10 if big else 5,
       weight_decay=0.1 if big else 0.0, max_grad_norm=1.0, chunk_size=1024, save_every=200))
-  c.annotator = _endpoint("evidence")
-  c.annotator.temperature = 0.2
-  c.annotator.prompt = "swe_annotator.txt"
-  # Tiny RL learning rate 3e-5: from the same SFT checkpoint at temperature 0.8, resolved rate
-  # (first rollouts) per iteration was 0.50 -> 0.00 -> 0.00 at 3e-4 (approx. KL 0.04 after one
-  # Adam step: every weight moves by ~lr at first, the memorised policy breaks), 0.38 -> 1.00
-  # -> 0.50 -> 0.25 -> 0.62 at 1e-4, 0.38 -> 0.88 -> 0.62 -> 0.88 -> 0.62 at 3e-5.
+  c.annotator = _endpoint("")        # the domain's credit annotator (kind: the domain's names)
   c.rl = ml_collections.ConfigDict(dict(
       iterations=100 if big else 6,
       prompts_per_iteration=16 if big else 2,  # groups per batch
@@ -181,9 +160,9 @@ def swe_base(preset="tiny"):
       max_updates_per_iteration=4 if big else 3,  # batches beyond are not trained (counted)
       chunk_size=1024, parallel_rollouts=64 if big else 4,
       rollout_timeout_s=0.0,         # a stride still running after this is abandoned (0 = off;
-                                     # the agent's own wall_time_limit_s ends runs first)
+                                     # the harness's own limits end runs first)
       keep_checkpoints=3, final_eval=True))
-  c.judge = _endpoint("evidence", prompt="swe_judge.txt", max_workers=4)
+  c.judge = _endpoint("", max_workers=4)   # the domain's RPR judge (kind: the domain's names)
   c.opd = ml_collections.ConfigDict(dict(
       mode="none",                   # "none", "loss" (GRPO + c OPD), "reward" (A += c r), "only"
       teacher_urls="",               # teacher SGLang native URLs; "" with teacher_init: embedded
@@ -191,14 +170,16 @@ def swe_base(preset="tiny"):
       teacher_preset="",             # model preset of teacher_init ("" = the policy's)
       divergence="js_skew", coef=1.0, lam=0.5))
   c.eval = ml_collections.ConfigDict(dict(
-      splits=("train", "heldout"),   # which instances: the training subset and/or held-out ones
+      splits=("train", "heldout"),   # which tasks: the training subset and/or held-out ones
       max_instances=0 if big else 2, # per split (0 = all)
-      k=4,                           # attempts per instance (pass@k, best-of-k)
-      temperature=0.95 if big else 0.8, seed=1234,  # tiny: as sampling (see there)
+      k=4,                           # attempts per task (pass@k, best-of-k)
+      temperature=0.95 if big else 0.8, seed=1234,
       parallel=0,                    # rollouts at a time (0 = rl.parallel_rollouts; 1 makes the
                                      # engine batch one request, bit-reproducible sampling)
+      baseline=False,                # the RL job also evaluates its starting policy (after
+                                     # SFT) under the same protocol and reports the gain
       value_checkpoint="",           # a value-model run folder for best-of-k ("" = none)
-      output_dir=""))                # "" = <workdir>/eval
+      output_dir=""))                # "" = <workdir>/eval (and <workdir>/eval_start)
   c.value = ml_collections.ConfigDict(dict(
       preset="qwen3_4b" if big else "tiny_dense",
       init_from_policy="",           # a policy checkpoint/HF folder to start the backbone from
@@ -215,4 +196,48 @@ def swe_base(preset="tiny"):
     c.engine.urls = _env_urls("SGLANG_POLICY")
     c.engine.weights_dir = os.path.join(c.workdir or "/checkpoints", "weights")
     c.opd.teacher_urls = _env_urls("SGLANG_TEACHER")
+  return c
+
+
+# ----------------------------------------------------------------------------- Orchard-SWE recipe
+
+
+def swe_base(preset="tiny"):
+  """Everything the Orchard-SWE recipe reads (orchard_jax/recipes/swe), for one preset: the
+  loop's `rl_base(preset)` plus the SWE task set, the bash agent's limits, the replay expert's
+  variants, the evidence judge and annotator, and the tiny preset's SWE-tuned numbers (tiny:
+  sized to finish `swe_rpr` in under 45 minutes on 2 CPU cores). Experiment files (swe_sft.py,
+  swe_bar.py, ...) set `job` and what differs.
+  """
+  big = preset != "tiny"
+  c = rl_base(preset)
+  c.name = "swe"
+  c.tasks.update(swe_tasks())
+  c.tasks.train_tasks = 0 if big else 2  # RL/SFT training subset size (0 = every train task)
+  c.tasks.selection = "all" if big else "shortest_expert"  # or "first": how the subset is chosen
+  c.tasks.per_package = 0 if big else 1  # at most this many subset tasks per package (0 = any)
+  c.agent = swe_agent()
+  if big:
+    c.agent.step_limit, c.agent.output_limit_chars = 100, 10000
+  else:
+    c.agent.step_limit, c.agent.output_limit_chars, c.agent.wall_time_limit_s = 14, 300, 600.0
+  # Tiny: temperature 0.8, top_p 1.0. The tiny policy memorises its two SFT trajectories and
+  # resolves only when it reproduces one closely, so the sampling temperature sets the SFT
+  # start's resolved rate. Measured from the default run's SFT checkpoint (125 epochs, loss
+  # 0.0022): temperature 1.0 resolved 1/10 and 0/12 (groups without a resolved rollout: BAR has
+  # nothing to train on), 0.8 resolved 3/8 first rollouts (mixed groups). top_p stays 1.0:
+  # top_p 0.95 turns every token with p > 0.95 into greedy decoding (115+ epochs then resolved
+  # 12/12, all-resolved groups have zero reward spread). The recorded log-probs are the
+  # untempered policy's, like the trainer's, so the first update's ratio is exactly 1.
+  c.sft.variants = ("gold", "give_up") if big else ("gold",)  # replay-expert variants
+  # (tasks.swe.expert.VARIANTS); tiny: gold only, as each extra trajectory costs a 12 s step
+  # per epoch on 2 cores. Tiny SFT: one step per epoch (see the sampling comment above).
+  c.annotator = _endpoint("evidence")
+  c.annotator.temperature = 0.2
+  c.annotator.prompt = "swe_annotator.txt"
+  # Tiny RL learning rate 3e-5: from the same SFT checkpoint at temperature 0.8, resolved rate
+  # (first rollouts) per iteration was 0.50 -> 0.00 -> 0.00 at 3e-4 (approx. KL 0.04 after one
+  # Adam step: every weight moves by ~lr at first, the memorised policy breaks), 0.38 -> 1.00
+  # -> 0.50 -> 0.25 -> 0.62 at 1e-4, 0.38 -> 0.88 -> 0.62 -> 0.88 -> 0.62 at 3e-5.
+  c.judge = _endpoint("evidence", prompt="swe_judge.txt", max_workers=4)
   return c

@@ -1,5 +1,5 @@
 """Data distillation: a teacher runs the SWE harness, k attempts per task, into the trajectory
-store (orchard_jax/recipes/swe_distill.py has the details).
+store (orchard_jax/recipes/agentic/distill.py has the details).
 
   python launch/run.py --config experiments/swe_distill.py                 # collect (resumable)
   python launch/run.py --config experiments/swe_distill.py --config.job=swe_distill.stats
@@ -44,7 +44,7 @@ def get_config(preset="tiny"):
 
   config.tasks = common.swe_tasks()
   config.tasks.limit = 3              # the first 3 tasks of the default set (0 = all)
-  config.env = common.swe_env()
+  config.env = common.sandbox_env()
   config.agent = common.swe_agent()
   config.agent.step_limit = 4
   config.agent.wall_time_limit_s = 300.0

@@ -5,7 +5,7 @@ machines without a teacher), a trajectory store (`--config.sft.source=runs/swe_d
 e.g. from experiments/swe_distill.py) or a mini-swe-agent trajectory folder. Annotations come
 from the offline evidence annotator (default) or an LLM (`--config.annotator.kind=llm
 --config.annotator.url=... --config.annotator.model=... --config.annotator.api_key_env=VAR`,
-prompt in orchard_jax/recipes/prompts/swe_annotator.txt). `--config.sft.mode=resolved_only` is
+prompt in orchard_jax/recipes/swe/prompts/swe_annotator.txt). `--config.sft.mode=resolved_only` is
 the paper's ablation. Checkpoints go to runs/swe_sft_<preset>/sft; evaluate them with
 `experiments/swe_eval.py --config.checkpoint=runs/swe_sft_tiny`.
 """

@@ -27,7 +27,7 @@ def get_config(preset="default"):
   config = ml_collections.ConfigDict()
   config.job = "swe.build_tasks"
   config.tasks = common.swe_tasks()
-  config.env = common.swe_env()       # sandboxes of the validation pass
+  config.env = common.sandbox_env()   # sandboxes of the validation pass
   config.commits = ""                 # a JSON list of {"repo", "commit"}: collect instances
   config.validate = preset == "validate"
   config.progress = True

@@ -31,7 +31,7 @@ Public API (docs/contracts.md "Model API"):
   count_params(config) -> ParamCount(total, active, embedding)    (jax.eval_shape; no memory)
   models.hf.load_pretrained(folder) -> (config, model);
   models.hf.save_pretrained(model, config, folder)
-  ModelError (base), ConfigError, CheckpointError, CheckpointMismatch.
+  ModelError (base), ModelConfigError, CheckpointError, CheckpointMismatch.
 
 Semantics: segment_ids 0 = padding; a token attends only to earlier tokens with the same
 non-zero segment id; Gated DeltaNet state and conv reset at every segment start. With a cache,
@@ -62,7 +62,8 @@ models with parameters already sharded.
 from orchard_jax.models.cache import AttentionCache, DecodeCache, DeltaNetCache
 from orchard_jax.models.config import ModelConfig, VisionConfig
 from orchard_jax.models.decoder import CausalLM, Decoder
-from orchard_jax.models.errors import CheckpointError, CheckpointMismatch, ConfigError, ModelError
+from orchard_jax.models.errors import (CheckpointError, CheckpointMismatch, ModelConfigError,
+                                       ModelError)
 from orchard_jax.models.losses import fused_cross_entropy, next_token_loss
 from orchard_jax.models.presets import PRESETS, get_preset
 from orchard_jax.models.vision_inputs import (ImagePatches, VisualTokens, grid_tokens,
@@ -73,7 +74,7 @@ __all__ = [
     "CausalLM",
     "CheckpointError",
     "CheckpointMismatch",
-    "ConfigError",
+    "ModelConfigError",
     "DecodeCache",
     "Decoder",
     "DeltaNetCache",

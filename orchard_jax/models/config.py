@@ -10,7 +10,7 @@ float rounding (except a capacity factor with `moe_dropless=False`, which drops 
 import dataclasses
 from typing import Any, Mapping, Optional
 
-from orchard_jax.models.errors import ConfigError
+from orchard_jax.models.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen3", "qwen3_moe", "qwen3_5_moe")
 LAYER_TYPES = ("full_attention", "linear_attention")
@@ -78,7 +78,7 @@ class VisionConfig:
   def _validate(self):
     def need(cond, what, seen):
       if not cond:
-        raise ConfigError(f"VisionConfig: expected {what}; got {seen}")
+        raise ModelConfigError(f"VisionConfig: expected {what}; got {seen}")
     for name in ("depth", "hidden_size", "intermediate_size", "num_heads", "in_channels",
                  "patch_size", "temporal_patch_size", "spatial_merge_size", "out_hidden_size",
                  "num_position_embeddings"):
@@ -122,14 +122,14 @@ class VisionConfig:
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "VisionConfig":
-    """Builds a VisionConfig from a mapping; unknown keys are an error (ConfigError)."""
+    """Builds a VisionConfig from a mapping; unknown keys are an error (ModelConfigError)."""
     if hasattr(values, "to_dict"):
       values = values.to_dict()
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
-      raise ConfigError(f"VisionConfig.from_dict: unknown fields {unknown}; expected a subset "
-                        f"of {sorted(names)}")
+      raise ModelConfigError(f"VisionConfig.from_dict: unknown fields {unknown}; expected a "
+                             f"subset of {sorted(names)}")
     return cls(**dict(values))
 
 
@@ -268,7 +268,7 @@ class ModelConfig:
   def _validate(self):
     def need(cond, what, seen):
       if not cond:
-        raise ConfigError(f"ModelConfig: expected {what}; got {seen}")
+        raise ModelConfigError(f"ModelConfig: expected {what}; got {seen}")
     need(self.architecture in ARCHITECTURES, f"architecture in {ARCHITECTURES}",
          repr(self.architecture))
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -404,7 +404,7 @@ class ModelConfig:
     overrides the preset's vision fields it names.
 
     Raises:
-      ConfigError: a key is not a ModelConfig field, or the values are inconsistent.
+      ModelConfigError: a key is not a ModelConfig field, or the values are inconsistent.
     """
     if hasattr(values, "to_dict"):
       values = values.to_dict()
@@ -416,8 +416,8 @@ class ModelConfig:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
-      raise ConfigError(f"ModelConfig.from_dict: unknown fields {unknown}; expected a subset of "
-                        f"{sorted(names)}")
+      raise ModelConfigError(f"ModelConfig.from_dict: unknown fields {unknown}; expected a "
+                             f"subset of {sorted(names)}")
     if isinstance(values.get("vision"), Mapping) or hasattr(values.get("vision"), "to_dict"):
       vision = values["vision"]
       vision = vision.to_dict() if hasattr(vision, "to_dict") else dict(vision)

@@ -5,7 +5,7 @@ class ModelError(Exception):
   """Base class of every error raised by orchard_jax.models."""
 
 
-class ConfigError(ModelError, ValueError):
+class ModelConfigError(ModelError, ValueError):
   """A model configuration is inconsistent or names something unknown."""
 
 

@@ -27,7 +27,7 @@ from safetensors.numpy import save_file
 
 from orchard_jax.models.config import ModelConfig, VisionConfig
 from orchard_jax.models.decoder import CausalLM
-from orchard_jax.models.errors import CheckpointError, CheckpointMismatch, ConfigError
+from orchard_jax.models.errors import CheckpointError, CheckpointMismatch, ModelConfigError
 from orchard_jax.models.hf_layout import layout
 
 _INDEX = "model.safetensors.index.json"
@@ -46,7 +46,7 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
     hf: the parsed config.json.
     **overrides: ModelConfig fields to set (e.g. dtype="float32", moe_dispatch="ragged").
   Raises:
-    ConfigError: an unsupported model type or feature (attention bias, sliding window, RoPE
+    ModelConfigError: an unsupported model type or feature (attention bias, sliding window, RoPE
       scaling, an activation other than silu).
   """
   model_type = hf.get("model_type")
@@ -62,20 +62,22 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
   arch = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "qwen3_5_moe_text": "qwen3_5_moe"}.get(
       model_type)
   if arch is None:
-    raise ConfigError(f"config.json model_type {model_type!r} is not supported; expected one of "
-                      "qwen3, qwen3_moe, qwen3_5_moe, qwen3_5_moe_text, qwen3_vl, qwen3_vl_moe")
+    raise ModelConfigError(f"config.json model_type {model_type!r} is not supported; expected "
+                           "one of qwen3, qwen3_moe, qwen3_5_moe, qwen3_5_moe_text, qwen3_vl, "
+                           "qwen3_vl_moe")
   if hf.get("hidden_act", "silu") != "silu":
-    raise ConfigError(f"hidden_act {hf['hidden_act']!r} is not supported; expected 'silu'")
+    raise ModelConfigError(f"hidden_act {hf['hidden_act']!r} is not supported; expected 'silu'")
   if hf.get("attention_bias", False):
-    raise ConfigError("attention_bias=true is not supported; expected false (all Qwen3 releases)")
+    raise ModelConfigError("attention_bias=true is not supported; expected false (all Qwen3 "
+                           "releases)")
   if hf.get("use_sliding_window", False):
-    raise ConfigError("use_sliding_window=true is not supported; expected false")
+    raise ModelConfigError("use_sliding_window=true is not supported; expected false")
   rope = dict(hf.get("rope_parameters") or {})
   legacy_scaling = hf.get("rope_scaling") or {}
   rope_type = rope.get("rope_type", legacy_scaling.get("rope_type", legacy_scaling.get("type",
                                                                                      "default")))
   if rope_type not in ("default", None):
-    raise ConfigError(f"rope_type {rope_type!r} is not supported; expected 'default'")
+    raise ModelConfigError(f"rope_type {rope_type!r} is not supported; expected 'default'")
   theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
   partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor",
                                                        0.25 if arch == "qwen3_5_moe" else 1.0))
@@ -132,8 +134,8 @@ def _vl_config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
   rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
   section = rope.get("mrope_section")
   if not section:
-    raise ConfigError("a qwen3_vl config.json without text_config.rope_parameters."
-                      "mrope_section; expected e.g. [24, 20, 20]")
+    raise ModelConfigError("a qwen3_vl config.json without text_config.rope_parameters."
+                           "mrope_section; expected e.g. [24, 20, 20]")
   text["model_type"] = "qwen3_moe" if moe else "qwen3"
   # The composite's tie_word_embeddings is the one transformers applies to lm_head.
   text["tie_word_embeddings"] = hf.get("tie_word_embeddings", False)
@@ -166,7 +168,7 @@ def _vl_config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
         vision_start_token_id=hf.get("vision_start_token_id", defaults.vision_start_token_id),
         vision_end_token_id=hf.get("vision_end_token_id", defaults.vision_end_token_id))
   except TypeError as e:
-    raise ConfigError(f"qwen3_vl vision_config is malformed: {e}") from e
+    raise ModelConfigError(f"qwen3_vl vision_config is malformed: {e}") from e
   return config_from_hf(text, vision=vc, mrope_section=tuple(section), **overrides)
 
 
@@ -346,7 +348,7 @@ def load_pretrained(folder: str, *, mesh: Optional[jax.sharding.Mesh] = None,
   Raises:
     CheckpointError: the folder has no config.json or no safetensors.
     CheckpointMismatch: a tensor is missing, unexpected or of the wrong shape.
-    ConfigError: the architecture is not supported.
+    ModelConfigError: the architecture is not supported.
   """
   config_path = os.path.join(folder, "config.json")
   if not os.path.exists(config_path):
@@ -418,10 +420,10 @@ def save_pretrained(model: CausalLM, config: ModelConfig, folder: str, *,
   Returns:
     The safetensors file names written (empty on a process that does not write).
   Raises:
-    ConfigError: config differs from the model's.
+    ModelConfigError: config differs from the model's.
   """
   if config != model.config:
-    raise ConfigError("save_pretrained: config differs from model.config")
+    raise ModelConfigError("save_pretrained: config differs from model.config")
   hf_tensors = params_to_hf(model)                 # collective on a multi-host mesh
   if not (jax.process_index() == 0 if write is None else write):
     return []

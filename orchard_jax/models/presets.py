@@ -16,7 +16,7 @@ at the `small` text sizes.
 import dataclasses
 
 from orchard_jax.models.config import ModelConfig, VisionConfig
-from orchard_jax.models.errors import ConfigError
+from orchard_jax.models.errors import ModelConfigError
 
 
 def _hybrid_layers(num_layers: int, full_attention_interval: int = 4) -> tuple[str, ...]:
@@ -135,8 +135,8 @@ def get_preset(name: str) -> ModelConfig:
   """The ModelConfig called `name` (one of PRESETS).
 
   Raises:
-    ConfigError: no preset has that name.
+    ModelConfigError: no preset has that name.
   """
   if name not in PRESETS:
-    raise ConfigError(f"unknown model preset {name!r}; expected one of {sorted(PRESETS)}")
+    raise ModelConfigError(f"unknown model preset {name!r}; expected one of {sorted(PRESETS)}")
   return PRESETS[name]

@@ -1,5 +1,10 @@
 """Pipelines that wire models, trainer, env, rollout, tasks and harness together.
 
+  agentic/   the agentic RL loop, written once for every domain (SFT, RL with BAR / RPR / OPD,
+             evaluation, value model, distillation); it imports no domain
+  swe/       the SWE domain (`SWEDomain`) and its jobs
+  lm.py      plain language-model SFT on a text corpus
+
 `launch/run.py` reads an experiment config and calls `run_job(config)`, which looks up
 `config.job` in `JOBS` and calls the recipe function it names. Recipe modules are imported
 only when their job runs, so a light job never pays for a heavy one's imports.
@@ -14,12 +19,12 @@ JOBS = {
     "swe.build_tasks": "swe:build_tasks",
     "swe.evaluate": "swe:evaluate",
     "swe.sft": "swe:sft",
-    "swe.rl": "swe:rl",
+    "swe.rl": "swe:train_rl",
     "swe.value": "swe:value",
-    "swe_distill.collect": "swe_distill:collect",
-    "swe_distill.stats": "trajectory_data:stats",
-    "swe_distill.export": "trajectory_data:export",
-    "swe_distill.import": "trajectory_data:import_trajectories",
+    "swe_distill.collect": "swe.distill:collect",
+    "swe_distill.stats": "agentic.trajectory_data:stats",
+    "swe_distill.export": "agentic.trajectory_data:export",
+    "swe_distill.import": "agentic.trajectory_data:import_trajectories",
 }
 
 
@@ -27,7 +32,7 @@ class ConfigError(ValueError):
   """The config names something that does not exist or cannot be used (a job, a checkpoint, a
   predictions file, a tokenizer, a store): the user's mistake, which launch/run.py reports as
   one line (`error: ...`, exit status 2) instead of a traceback. Each recipe's own error type
-  for bad settings (PolicyError, DistillError, TeacherError) derives from it."""
+  for bad settings (PolicyError, DistillError, TeacherError, ServingError) derives from it."""
 
 
 class UnknownJobError(ConfigError):

@@ -17,11 +17,12 @@ from orchard_jax.rl.credit import (CreditSFTExample, FILTER_REASONS, credit_assi
                                    interpolate_values, rise_segments, step_credits,
                                    token_loss_weights, trained_steps)
 from orchard_jax.rl.errors import RLError
+from orchard_jax.rl.intervals import newcombe_interval, wilson_interval
 from orchard_jax.rl.opd import (OPD_DIVERGENCES, OPD_REWARD_DIVERGENCES, opd_loss, opd_rewards,
                                 opd_token_terms)
 from orchard_jax.rl.policy_loss import k3_kl, policy_loss
 from orchard_jax.rl.reranking import (best_of_k, expected_calibration_error, pass_at_k,
                                       random_at_k, reranking_report, roc_auc)
-from orchard_jax.rl.rpr import (RPRReward, RUBRICS, RUBRIC_NAMES, RUBRIC_WEIGHTS, binary_reward,
-                                judge_score, rpr_reward, rpr_rewards, snap_score)
+from orchard_jax.rl.rpr import (RPRReward, RubricSet, binary_reward, judge_score, rpr_reward,
+                                rpr_rewards, snap_score)
 from orchard_jax.rl.value import final_positions, sigmoid_bce, value_loss, value_loss_weights

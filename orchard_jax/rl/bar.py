@@ -18,7 +18,8 @@ TryAssemble(pool, [lo, hi]):
 The group filter (applied before training) drops a group with an aborted rollout, zero reward
 std, or no positive, where "positive" means resolved when the reward is shaped (RPR; docs/cases.md 3).
 
-Pure Python over small lists; `balanced_adaptive_rollout` drives the loop through a callback.
+Pure Python over small lists; `balanced_adaptive_rollout` drives the loop for many prompts at
+once through a callback (the agentic loop's rollouts run behind it).
 """
 import dataclasses
 import math
@@ -187,26 +188,43 @@ def rollouts_to_request(pool_size: int, config: BARConfig) -> int:
   return max(0, min(config.stride, config.max_rollouts - pool_size))
 
 
-def balanced_adaptive_rollout(generate: Callable[[int], Sequence[ScoredRollout]],
-                              config: BARConfig) -> Assembly:
-  """Runs BAR's loop for one prompt: strides until a group assembles or N_max were requested.
+def balanced_adaptive_rollout(
+    generate: Callable[[Sequence[int]], Sequence[Sequence[ScoredRollout]]], config: BARConfig,
+    num_prompts: int = 1) -> list[Assembly]:
+  """BAR's loop for `num_prompts` prompts at once: each round asks every prompt without a group
+  for its next stride (one `generate` call for all of them, so their rollouts run side by side),
+  then tries to assemble each; a prompt is done when its group assembles, or once N_max
+  rollouts were requested for it (the fallback then always gives a group).
 
   Args:
-    generate: called with a count k, returns the k newly generated and scored rollouts (fewer
-      when some could not be produced; the budget counts requests, so the loop still ends).
+    generate: called with counts [num_prompts] (0 for a prompt that is done), returns for each
+      prompt its newly generated and scored rollouts (fewer when some could not be produced; the
+      budget counts requests, so the loop still ends). A rollout_id may be anything the caller
+      needs to find the rollout again.
     config: BARConfig.
+    num_prompts: prompts (groups) to assemble.
   Returns:
-    The Assembly (always; the fallback runs once N_max rollouts were requested).
+    One Assembly per prompt, in order.
+  Raises:
+    RLError: `generate` answered for a different number of prompts.
   """
-  pool: list[ScoredRollout] = []
-  requested = 0
-  while True:
-    count = rollouts_to_request(requested, config)
-    pool.extend(generate(count))
-    requested += count
-    result = _assemble(pool, config, allow_fallback=requested >= config.max_rollouts)
-    if result is not None:
-      return result
+  pools: list[list[ScoredRollout]] = [[] for _ in range(num_prompts)]
+  requested = [0] * num_prompts
+  assemblies: list[Optional[Assembly]] = [None] * num_prompts
+  while any(a is None for a in assemblies):
+    counts = [0 if assemblies[p] is not None else rollouts_to_request(requested[p], config)
+              for p in range(num_prompts)]
+    new = list(generate(counts))
+    if len(new) != num_prompts:
+      raise RLError(f"generate answered for {len(new)} prompts; expected {num_prompts}")
+    for p in range(num_prompts):
+      if assemblies[p] is not None:
+        continue
+      pools[p].extend(new[p])
+      requested[p] += counts[p]
+      assemblies[p] = _assemble(pools[p], config,
+                                allow_fallback=requested[p] >= config.max_rollouts)
+  return assemblies
 
 
 GROUP_FILTER_REASONS = ("aborted", "zero_reward_std", "no_positive")

@@ -1,9 +1,12 @@
 """Rubric-based process reward (RPR; docs/algorithms.md section 5, Orchard arXiv 2605.15040).
 
-A judge grades a whole trajectory on seven rubrics, each in [0, 1] snapped to steps of 0.1.
-J = clamp(sum_k w_k R_k, 0, 1) and the training reward is R' = R_bin + alpha J with
-R_bin = +1 resolved, -1 unresolved or truncated, alpha = 0.5. A failed judge call (no scores, a
-missing rubric, a non-numeric, non-finite or out-of-range score) falls back to R_bin. Evaluation uses R_bin.
+A judge grades a whole trajectory on a domain's rubric set (SWE: the paper's seven rubrics),
+each score in [0, 1] snapped to steps of 0.1. J = clamp(sum_k w_k R_k, 0, 1) and the training
+reward is R' = R_bin + alpha J with R_bin = +1 resolved, -1 unresolved or truncated,
+alpha = 0.5 (a domain may give its own outcome reward in place of R_bin). A failed judge call
+(no scores, a missing rubric, a non-numeric, non-finite or out-of-range score) falls back to the
+outcome reward. Evaluation uses R_bin. The rubric set is data the caller passes in: this module
+knows no rubric names.
 """
 import dataclasses
 import math
@@ -13,20 +16,55 @@ import numpy as np
 
 from orchard_jax.rl.errors import RLError
 
-# (name, weight) in the paper's order R1..R7; the weights sum to 1.
-RUBRICS: tuple[tuple[str, float], ...] = (
-    ("fix_quality", 0.15),
-    ("reproduction", 0.18),
-    ("coverage", 0.12),
-    ("rigor", 0.15),
-    ("discriminativeness", 0.14),
-    ("regression_guard", 0.12),
-    ("verification_integrity", 0.14),
-)
-RUBRIC_NAMES = tuple(name for name, _ in RUBRICS)
-RUBRIC_WEIGHTS = np.asarray([w for _, w in RUBRICS], np.float64)
-
 RubricScores = Union[Mapping[str, float], Sequence[float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class RubricSet:
+  """A domain's rubrics: names and weights, in the order R1..Rn (data, passed in by the caller).
+
+  Each domain brings its own set (the SWE domain's seven rubrics are the paper's, in
+  tasks/swe/rubrics.py); the functions below take it as a parameter and know no rubric names.
+
+  Attributes:
+    rubrics: ((name, weight), ...) in R1..Rn order; names unique and non-empty, weights finite
+      and non-negative. J = clamp(sum_k w_k R_k, 0, 1), so weights that sum past 1 saturate.
+  Raises:
+    RLError: no rubric, a repeated or empty name, or a negative or non-finite weight.
+  """
+  rubrics: tuple[tuple[str, float], ...]
+
+  def __post_init__(self):
+    rubrics = tuple((str(name), float(weight)) for name, weight in self.rubrics)
+    if not rubrics:
+      raise RLError("a rubric set needs at least one rubric")
+    names = [name for name, _ in rubrics]
+    if any(not name for name in names) or len(set(names)) != len(names):
+      raise RLError(f"rubric names must be non-empty and unique; saw {names}")
+    if not all(math.isfinite(w) and w >= 0.0 for _, w in rubrics):
+      raise RLError(f"rubric weights must be finite and >= 0; saw {[w for _, w in rubrics]}")
+    object.__setattr__(self, "rubrics", rubrics)
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    return tuple(name for name, _ in self.rubrics)
+
+  @property
+  def weights(self) -> np.ndarray:
+    """[n] float64 weights in R1..Rn order."""
+    return np.asarray([w for _, w in self.rubrics], np.float64)
+
+  def __len__(self) -> int:
+    return len(self.rubrics)
+
+  def named_scores(self, scores: "RubricScores") -> dict[str, float]:
+    """{name: raw score} from a mapping keyed by name or "R1".."Rn" (or "r1"), or a sequence
+    in R1..Rn order; checked as `judge_score` checks it.
+
+    Raises:
+      RLError: a missing, non-numeric or non-finite score, or a sequence of the wrong length.
+    """
+    return dict(zip(self.names, _scores_vector(scores, self).tolist()))
 
 
 def snap_score(score: float, step: float = 0.1) -> float:
@@ -44,11 +82,11 @@ def snap_score(score: float, step: float = 0.1) -> float:
   return round(min(snapped, 1.0), 10)
 
 
-def _scores_vector(scores: RubricScores) -> np.ndarray:
-  """The seven scores in R1..R7 order from a mapping (by name or "R1".."R7") or a sequence."""
+def _scores_vector(scores: RubricScores, rubrics: RubricSet) -> np.ndarray:
+  """The scores in R1..Rn order from a mapping (by name or "R1".."Rn") or a sequence."""
   if isinstance(scores, Mapping):
     values = []
-    for k, name in enumerate(RUBRIC_NAMES):
+    for k, name in enumerate(rubrics.names):
       for key in (name, f"R{k + 1}", f"r{k + 1}"):
         if key in scores:
           values.append(scores[key])
@@ -58,8 +96,9 @@ def _scores_vector(scores: RubricScores) -> np.ndarray:
                       f"{sorted(scores)}")
   else:
     values = list(scores)
-    if len(values) != len(RUBRICS):
-      raise RLError(f"expected {len(RUBRICS)} rubric scores (R1..R7); saw {len(values)}")
+    if len(values) != len(rubrics):
+      raise RLError(f"expected {len(rubrics)} rubric scores (R1..R{len(rubrics)}); saw "
+                    f"{len(values)}")
   try:
     vector = np.asarray([float(v) for v in values], np.float64)
   except (TypeError, ValueError) as error:
@@ -69,20 +108,20 @@ def _scores_vector(scores: RubricScores) -> np.ndarray:
   return vector
 
 
-def judge_score(scores: RubricScores, weights: Sequence[float] = RUBRIC_WEIGHTS) -> float:
+def judge_score(scores: RubricScores, rubrics: RubricSet) -> float:
   """J = clamp(sum_k w_k snap(R_k), 0, 1).
 
   Args:
-    scores: the judge's seven scores, as a mapping keyed by RUBRIC_NAMES (or "R1".."R7"), or a
-      sequence in R1..R7 order.
-    weights: the rubric weights (default: the paper's).
+    scores: the judge's scores, as a mapping keyed by the set's names (or "R1".."Rn"), or a
+      sequence in R1..Rn order.
+    rubrics: the domain's rubric set (names and weights).
   Returns:
     J in [0, 1].
   Raises:
     RLError: a missing, non-numeric, non-finite or out-of-range score.
   """
-  vector = np.asarray([snap_score(s) for s in _scores_vector(scores)])
-  return float(np.clip(np.dot(np.asarray(weights, np.float64), vector), 0.0, 1.0))
+  vector = np.asarray([snap_score(s) for s in _scores_vector(scores, rubrics)])
+  return float(np.clip(np.dot(rubrics.weights, vector), 0.0, 1.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +129,8 @@ class RPRReward:
   """The combined reward of one trajectory.
 
   Attributes:
-    reward: R' = R_bin + alpha J, or R_bin when the judge failed.
-    binary_reward: R_bin.
+    reward: R' = R_out + alpha J, or R_out when the judge failed.
+    binary_reward: R_out, the outcome reward (R_bin unless the domain gave its own).
     judge_score: J, or None when the judge failed.
     judge_failed: True when the fallback was used.
     failure: why the judge's output was unusable ("" when it was fine).
@@ -108,33 +147,36 @@ def binary_reward(resolved: bool, truncated: bool = False) -> float:
   return 1.0 if resolved and not truncated else -1.0
 
 
-def rpr_reward(resolved: bool, scores: Optional[RubricScores], *, alpha: float = 0.5,
-               truncated: bool = False,
-               weights: Sequence[float] = RUBRIC_WEIGHTS) -> RPRReward:
-  """R' = R_bin + alpha J, with the judge-failure fallback R' = R_bin.
+def rpr_reward(resolved: bool, scores: Optional[RubricScores], *, rubrics: RubricSet,
+               alpha: float = 0.5, truncated: bool = False,
+               outcome_reward: Optional[float] = None, failure: str = "") -> RPRReward:
+  """R' = R_out + alpha J, with the judge-failure fallback R' = R_out.
 
   Args:
-    resolved: the task's tests pass.
+    resolved: the task's success test passed.
     scores: the judge's rubric scores, or None when the judge call failed.
+    rubrics: the domain's rubric set.
     alpha: weight of the judge score (0.5 in Orchard).
     truncated: the rollout hit its limit (R_bin = -1).
-    weights: rubric weights.
+    outcome_reward: the domain's own outcome reward in place of R_bin (e.g. a graded score);
+      None: R_bin.
+    failure: why the judge gave no scores (kept on the result when `scores` is None).
   Returns:
     RPRReward.
   """
-  r_bin = binary_reward(resolved, truncated)
+  r_out = binary_reward(resolved, truncated) if outcome_reward is None else float(outcome_reward)
   if scores is None:
-    return RPRReward(r_bin, r_bin, None, True, "no judge output")
+    return RPRReward(r_out, r_out, None, True, failure or "no judge output")
   try:
-    j = judge_score(scores, weights)
+    j = judge_score(scores, rubrics)
   except RLError as error:
-    return RPRReward(r_bin, r_bin, None, True, str(error))
-  return RPRReward(r_bin + alpha * j, r_bin, j, False)
+    return RPRReward(r_out, r_out, None, True, str(error))
+  return RPRReward(r_out + alpha * j, r_out, j, False)
 
 
 def rpr_rewards(resolved: Sequence[bool], scores: Sequence[Optional[RubricScores]], *,
-                alpha: float = 0.5, truncated: Optional[Sequence[bool]] = None,
-                weights: Sequence[float] = RUBRIC_WEIGHTS
+                rubrics: RubricSet, alpha: float = 0.5,
+                truncated: Optional[Sequence[bool]] = None
                 ) -> tuple[np.ndarray, list[RPRReward], dict[str, float]]:
   """`rpr_reward` over a batch, with statistics for logging.
 
@@ -149,7 +191,7 @@ def rpr_rewards(resolved: Sequence[bool], scores: Sequence[Optional[RubricScores
     raise RLError(f"resolved, scores and truncated must have one entry per trajectory; saw "
                   f"{n}, {len(scores)}, {None if truncated is None else len(truncated)}")
   truncated = [False] * n if truncated is None else truncated
-  results = [rpr_reward(bool(r), s, alpha=alpha, truncated=bool(t), weights=weights)
+  results = [rpr_reward(bool(r), s, rubrics=rubrics, alpha=alpha, truncated=bool(t))
              for r, s, t in zip(resolved, scores, truncated)]
   rewards = np.asarray([r.reward for r in results], np.float32)
   judged = [r.judge_score for r in results if not r.judge_failed]

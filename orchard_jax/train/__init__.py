@@ -8,7 +8,8 @@ Public API:
   TrainerConfig, Trainer(model, loss, config, *, mesh)      the loop (context manager):
     fit(batch_for_step, eval_fn=), train_step(batch, extra_meta=), evaluate(batches),
     token_logprobs(batch, params=None), save(), model(), step, state, meta, restored_step
-  Checkpointer(directory, *, save_every, keep, async_save), abstract_like, restore_params
+  Checkpointer(directory, *, save_every, keep, async_save), abstract_like (one reader of
+  parameters for serving and evaluation: rollout.load_params_from_disk)
   MetricsWriter(directory, *, tensorboard, start_step, enabled), read_metrics(directory),
   ProgressBar (both write on process 0 only)
   ModelParts, build_train_step, build_eval_step, build_logprob_step, state_shardings,
@@ -20,7 +21,7 @@ Public API:
   token_logprobs(..., images=batch_images(batch)) pass them to the model;
   OptimizerConfig(frozen=("visual",)) freezes the vision tower (frozen_mask).
 """
-from orchard_jax.train.checkpoint import Checkpointer, abstract_like, restore_params
+from orchard_jax.train.checkpoint import Checkpointer, abstract_like
 from orchard_jax.train.errors import CheckpointMismatch, TrainError
 from orchard_jax.train.logprobs import chunked_token_logprobs, segment_starts, token_logprobs
 from orchard_jax.train.losses import OPD_MODES, PolicyLoss, SFTLoss, ValueLoss, make_loss

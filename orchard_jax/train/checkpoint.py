@@ -158,24 +158,3 @@ class Checkpointer:
 
   def __exit__(self, *exc) -> None:
     self.close()
-
-
-def restore_params(directory: str, abstract_params: Any, *, step: Optional[int] = None) -> Any:
-  """Only the params of a train-state checkpoint (for evaluation or serving), on the given
-  shardings. `abstract_params` mirrors state["params"]."""
-  manager = ocp.CheckpointManager(os.path.abspath(directory), item_names=("state", "meta"),
-                                  options=ocp.CheckpointManagerOptions(read_only=True))
-  try:
-    step = manager.latest_step() if step is None else step
-    if step is None:
-      raise TrainError(f"no checkpoint in {directory}")
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item={"params": abstract_params},
-        restore_args=jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding),
-                                  {"params": abstract_params}),
-        partial_restore=True)))
-    return restored.state["params"]
-  finally:
-    manager.close()
-
-

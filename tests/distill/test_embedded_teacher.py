@@ -11,7 +11,8 @@ from flax import nnx
 
 from orchard_jax import data, models
 from orchard_jax.models import hf
-from orchard_jax.recipes import swe_distill, teacher
+from orchard_jax.recipes.agentic import teachers as teacher
+from orchard_jax.recipes.swe import distill as swe_distill
 
 # The tiny preset cut down (as in tests/rollout) so the engine compiles in seconds.
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
@@ -103,22 +104,22 @@ def test_teacher_checkpoints_load_as_written(tmp_path, tok):
                  "step": np.int32(3)}, force=True)
   tok.save(str(tmp_path / "swe_run" / "tokenizer"))
 
-  fresh, _, description = teacher.load_teacher_policy(_teacher_config(tmp_path))
+  fresh, _, description = teacher.teacher_policy(_teacher_config(tmp_path))
   assert "freshly initialised" in description
   assert not all(np.array_equal(a, b) for a, b in zip(_params(fresh), _params(trained)))
   for folder, kind in ((tmp_path / "run" / "checkpoints", "orbax"), (tmp_path / "hf", "Hugging")):
-    model, tokenizer, description = teacher.load_teacher_policy(
+    model, tokenizer, description = teacher.teacher_policy(
         _teacher_config(tmp_path, checkpoint=str(folder)))
     assert kind in description
     if kind == "orbax":     # the tokenizer saved beside the checkpoints folder
       assert f"tokenizer {tmp_path / 'run' / 'tokenizer'}" in description
     for got, want in zip(_params(model), _params(trained)):
       np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-  run_model, _, description = teacher.load_teacher_policy(
+  run_model, _, description = teacher.teacher_policy(
       _teacher_config(tmp_path, checkpoint=str(tmp_path / "swe_run")))
   assert "swe_run/rl/checkpoints (orbax" in description
   assert f"tokenizer {tmp_path / 'swe_run' / 'tokenizer'}" in description
   for got, want in zip(_params(run_model), _params(later)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   with pytest.raises(teacher.TeacherError, match="is not a folder"):
-    teacher.load_teacher_policy(_teacher_config(tmp_path, checkpoint=str(tmp_path / "no")))
+    teacher.teacher_policy(_teacher_config(tmp_path, checkpoint=str(tmp_path / "no")))

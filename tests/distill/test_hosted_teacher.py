@@ -15,7 +15,8 @@ import pytest
 
 from orchard_jax import data
 from orchard_jax.harness.prompts import SUBMIT_COMMAND
-from orchard_jax.recipes import swe_distill, trajectory_data
+from orchard_jax.recipes.agentic import trajectory_data
+from orchard_jax.recipes.swe import distill as swe_distill
 from tests.distill.openai_server import TextOnlyServer, act
 
 KEY_ENV, KEY = "DISTILL_TEST_TEACHER_KEY", "sk-test-1234"
@@ -60,7 +61,7 @@ def test_every_call_is_recorded_text_only_with_its_outcome(hosted_run):
   assert sorted(trajectories) == [0, 1]
   resolved, unresolved = trajectories[0], trajectories[1]
   assert resolved.resolved is True and resolved.outcome["status"] == "resolved"
-  assert resolved.rewards == {"binary": 1.0} and resolved.exit_status == "Submitted"
+  assert resolved.rewards == {"binary": 1.0, "total": 1.0} and resolved.exit_status == "Submitted"
   assert unresolved.resolved is False and unresolved.submission == ""
   for attempt, trajectory in trajectories.items():
     assert trajectory.task_id == hosted_run["instance"].instance_id
@@ -182,7 +183,7 @@ def test_a_crashed_attempt_is_stored_aborted_and_retried(tmp_path, distill_confi
     (aborted,) = store.trajectories()
     first_session_calls = store.model_calls(aborted.session_id)
   assert aborted.exit_status == "aborted" and aborted.outcome == {}
-  assert aborted.metadata["aborted_stage"] == "agent" and aborted.metadata["error"]
+  assert aborted.metadata["aborted_stage"] == "episode" and aborted.metadata["error"]
   # the partial trajectory: both replies the teacher gave, and the first command's output
   assert [m["role"] for m in aborted.messages] == ["system", "user", "assistant", "user",
                                                    "assistant"]
@@ -229,7 +230,7 @@ def test_an_unavailable_teacher_aborts_but_a_refused_request_is_an_outcome(
     assert swe_distill.collect(teacher_config(config, server)).completed == 1
   with data.TrajectoryStore(swe_distill.store_path(config)) as store:
     overloaded, refused = store.trajectories()
-  assert overloaded.exit_status == "aborted" and overloaded.metadata["aborted_stage"] == "agent"
+  assert overloaded.exit_status == "aborted" and overloaded.metadata["aborted_stage"] == "episode"
   assert "answered 502" in overloaded.metadata["error"]
   assert [m["role"] for m in overloaded.messages] == ["system", "user", "exit"]
   assert refused.exit_status == "ModelError" and refused.resolved is False

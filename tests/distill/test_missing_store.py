@@ -4,7 +4,8 @@ import os
 import pytest
 
 from experiments import swe_distill as experiment
-from orchard_jax.recipes import swe_distill, trajectory_data
+from orchard_jax.recipes.agentic import trajectory_data
+from orchard_jax.recipes.swe import distill as swe_distill
 
 
 @pytest.mark.parametrize("job", [trajectory_data.stats, trajectory_data.export])

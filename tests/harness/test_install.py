@@ -50,7 +50,8 @@ def test_install_is_a_no_op_when_the_pinned_versions_are_there(tmp_path):
 
 def test_swe_harness_choice_is_checked_before_any_work(tmp_path, monkeypatch, capsys):
   from experiments import swe_rpr
-  from orchard_jax.recipes import ConfigError, swe_harness
+  from orchard_jax.recipes import ConfigError
+  from orchard_jax.recipes.swe import harness as swe_harness
   config = swe_rpr.get_config("tiny")
   assert config.agent.harness == "bash"
   swe_harness.check_harness_config(config)              # the default needs nothing
@@ -73,7 +74,7 @@ def test_judge_evidence_reads_external_harness_shell_calls():
   """The judge's evidence reads the shell commands of Codex's exec_command and Claude Code's
   Bash tool calls (their observations are the tool messages), as it reads the bash agent's
   blocks."""
-  from orchard_jax.recipes.swe_evidence import read_steps
+  from orchard_jax.recipes.swe.evidence import read_steps
 
   def call(name, arguments):
     return {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function",

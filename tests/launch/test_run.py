@@ -229,7 +229,8 @@ def test_each_swe_job_checks_the_fleet_addresses_it_uses(monkeypatch, experiment
   config = importlib.import_module(f"experiments.{experiment}").get_config("cluster")
   with pytest.raises(recipes.ConfigError, match="not set here") as error:
     getattr(swe, job)(config)
-  named = [v for v in swe.CLUSTER_VARIABLES.values() if v in str(error.value)]
+  from orchard_jax.recipes.agentic.checks import CLUSTER_VARIABLES
+  named = [v for v in CLUSTER_VARIABLES.values() if v in str(error.value)]
   assert named == variables
 
 
@@ -253,9 +254,9 @@ def test_a_run_that_fails_before_any_output_leaves_no_run_folder(tmp_path):
 
 
 @pytest.mark.parametrize("experiment, job, field, value", [
-    ("swe_rpr", "rl", "sft.mode", "credits"),
-    ("swe_rpr", "rl", "judge.kind", "gpt"),
-    ("swe_rpr", "rl", "annotator.kind", "human"),
+    ("swe_rpr", "train_rl", "sft.mode", "credits"),
+    ("swe_rpr", "train_rl", "judge.kind", "gpt"),
+    ("swe_rpr", "train_rl", "annotator.kind", "human"),
     ("swe_sft", "sft", "sft.mode", "credits"),
     ("swe_sft", "sft", "annotator.kind", "human"),
 ])

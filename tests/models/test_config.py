@@ -63,15 +63,15 @@ def test_dict_round_trip_and_ml_collections():
 
 
 def test_bad_configs_name_what_was_expected():
-  with pytest.raises(models.ConfigError, match="unknown fields \\['hiden_size'\\]"):
+  with pytest.raises(models.ModelConfigError, match="unknown fields \\['hiden_size'\\]"):
     models.ModelConfig.from_dict({"hiden_size": 3})
-  with pytest.raises(models.ConfigError, match="num_attention_heads divisible"):
+  with pytest.raises(models.ModelConfigError, match="num_attention_heads divisible"):
     dataclasses.replace(models.get_preset("tiny"), num_key_value_heads=3)
-  with pytest.raises(models.ConfigError, match="4 layer_types"):
+  with pytest.raises(models.ModelConfigError, match="4 layer_types"):
     dataclasses.replace(models.get_preset("tiny_qwen3_5"), layer_types=("full_attention",))
-  with pytest.raises(models.ConfigError, match="moe_dispatch"):
+  with pytest.raises(models.ModelConfigError, match="moe_dispatch"):
     dataclasses.replace(models.get_preset("tiny"), moe_dispatch="magic")
-  with pytest.raises(models.ConfigError, match="unknown model preset 'huge'"):
+  with pytest.raises(models.ModelConfigError, match="unknown model preset 'huge'"):
     models.get_preset("huge")
 
 
@@ -112,18 +112,18 @@ def test_vision_config_round_trips_and_validates():
   deeper = models.ModelConfig.from_dict({"preset": "tiny_vl", "vision": {"depth": 6}})
   assert deeper.vision.depth == 6 and deeper.vision.hidden_size == config.vision.hidden_size
   hash(config)
-  with pytest.raises(models.ConfigError, match="out_hidden_size == hidden_size"):
+  with pytest.raises(models.ModelConfigError, match="out_hidden_size == hidden_size"):
     dataclasses.replace(config, hidden_size=128)
-  with pytest.raises(models.ConfigError, match="mrope_section with vision"):
+  with pytest.raises(models.ModelConfigError, match="mrope_section with vision"):
     dataclasses.replace(config, mrope_section=())
-  with pytest.raises(models.ConfigError, match="qwen3 or qwen3_moe backbone"):
+  with pytest.raises(models.ModelConfigError, match="qwen3 or qwen3_moe backbone"):
     dataclasses.replace(models.get_preset("tiny_qwen3_5"), vision=config.vision,
                         mrope_section=(4, 6, 6))
-  with pytest.raises(models.ConfigError, match="image_token_id within the vocabulary"):
+  with pytest.raises(models.ModelConfigError, match="image_token_id within the vocabulary"):
     dataclasses.replace(config, vocab_size=8192)
-  with pytest.raises(models.ConfigError, match="deepstack_visual_indexes within 0..3"):
+  with pytest.raises(models.ModelConfigError, match="deepstack_visual_indexes within 0..3"):
     dataclasses.replace(config.vision, deepstack_visual_indexes=(1, 4))
-  with pytest.raises(models.ConfigError, match="square num_position_embeddings"):
+  with pytest.raises(models.ModelConfigError, match="square num_position_embeddings"):
     dataclasses.replace(config.vision, num_position_embeddings=2000)
-  with pytest.raises(models.ConfigError, match="unknown fields \\['dpeth'\\]"):
+  with pytest.raises(models.ModelConfigError, match="unknown fields \\['dpeth'\\]"):
     models.ModelConfig.from_dict({"preset": "tiny_vl", "vision": {"dpeth": 2}})

@@ -157,5 +157,5 @@ def test_checkpoint_mismatch_names_the_parameter(tmp_path):
     hf.load_pretrained(str(tmp_path))
   with pytest.raises(models.CheckpointError, match="no config.json"):
     hf.load_pretrained(str(tmp_path / "missing"))
-  with pytest.raises(models.ConfigError, match="model_type 'llama'"):
+  with pytest.raises(models.ModelConfigError, match="model_type 'llama'"):
     hf.config_from_hf({"model_type": "llama"})

@@ -110,5 +110,5 @@ def mini_config(experiment, tmp_path, dataset: str, *, judge_url: str = "", sft_
   if judge_url:
     config.judge.update(dict(kind="llm", url=judge_url, model="judge", retries=0,
                              timeout_s=30.0, max_workers=2))
-  config.eval.update(dict(splits=("train",), k=2, max_instances=2, parallel=1))
+  config.eval.update(dict(splits=("train",), k=2, max_instances=2, parallel=1, baseline=True))
   return config

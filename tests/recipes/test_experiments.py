@@ -39,7 +39,7 @@ def test_swe_rl_refuses_a_config_it_cannot_run_before_doing_anything(tmp_path, c
   if change:
     config.opd.teacher_init = "runs/some_run"       # only the changed field is wrong
   with pytest.raises(ValueError, match=message):
-    swe.rl(config)
+    swe.train_rl(config)
   assert not os.path.exists(config.workdir)
 
 
@@ -51,7 +51,7 @@ def test_a_multi_host_run_without_remote_engines_is_refused(tmp_path, monkeypatc
   config = swe_rpr.get_config()
   config.workdir = str(tmp_path / "run")
   with pytest.raises(ValueError, match="needs remote engines"):
-    swe.rl(config)
+    swe.train_rl(config)
   assert not os.path.exists(config.workdir)
 
 
@@ -89,7 +89,7 @@ def test_a_missing_input_or_an_impossible_number_is_refused_before_any_work(
   config.workdir = str(tmp_path / "run")
   for field, value in change.items():
     _set(config, field, value)
-  job = swe.sft if experiment is swe_sft else swe.rl
+  job = swe.sft if experiment is swe_sft else swe.train_rl
   with pytest.raises(ConfigError, match=message):
     job(config)
   assert not os.path.exists(config.workdir)
@@ -104,4 +104,4 @@ def test_a_sft_source_is_not_needed_when_policy_init_skips_sft(tmp_path):
   config.sft.source = str(tmp_path / "no_such_store")
   config.policy.init = str(tmp_path / "no_such_run")
   with pytest.raises(ConfigError, match="policy.init"):
-    swe.rl(config)
+    swe.train_rl(config)

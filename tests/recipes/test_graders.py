@@ -8,7 +8,10 @@ import ml_collections
 import pytest
 
 from orchard_jax import data, rl
-from orchard_jax.recipes import llm, swe_annotate, swe_evidence, swe_judge
+from orchard_jax.recipes.agentic import llm
+from orchard_jax.recipes.swe import annotate as swe_annotate
+from orchard_jax.recipes.swe import evidence as swe_evidence
+from orchard_jax.recipes.swe import judge as swe_judge
 from tests.recipes import trajectories as T
 from tests.recipes.scripted_llm import ScriptedLLM
 
@@ -26,6 +29,12 @@ class _Instance:
   patch = T.PATCH
   problem_statement = "Fix the bug in mod.add."
   FAIL_TO_PASS = ["tests/test_mod.py::test_add_numbers"]
+
+
+def _reward(judgement, *, resolved):
+  """R' as the loop combines a judgement with the SWE rubric set (agentic/rollouts.py)."""
+  return rl.rpr_reward(resolved, None if judgement.failed else judgement.scores,
+                       rubrics=swe_judge.RUBRIC_SET, alpha=0.5, failure=judgement.failure)
 
 
 def _trajectory(messages, resolved, submission=""):
@@ -78,7 +87,7 @@ def test_evidence_judge_rewards_the_process_not_the_outcome():
   assert reference_j(good.scores) > reference_j(bad.scores)
   for scores in (good.scores, bad.scores):
     assert all(abs(v * 10 - round(v * 10)) < 1e-9 for v in scores.values())  # 0.1 steps
-  reward = swe_judge.rpr_reward(good, resolved=True, truncated=False, alpha=0.5)
+  reward = _reward(good, resolved=True)
   assert reward.reward == pytest.approx(1.0 + 0.5 * reference_j(good.scores))
 
 
@@ -123,9 +132,9 @@ def test_llm_judge_scores_and_falls_back_on_failure():
   assert "characters elided" in prompt             # observations compacted to 40 characters
   assert first.scores == given and not first.failed
   assert second.failed and "GraderError" in second.failure
-  ok = swe_judge.rpr_reward(first, resolved=False, truncated=False, alpha=0.5)
+  ok = _reward(first, resolved=False)
   assert ok.reward == pytest.approx(-1.0 + 0.5 * reference_j(given))
-  fallback = swe_judge.rpr_reward(second, resolved=True, truncated=False, alpha=0.5)
+  fallback = _reward(second, resolved=True)
   assert fallback.reward == 1.0 and fallback.judge_failed and "GraderError" in fallback.failure
   # An unreachable endpoint is a failed judgement too, never an exception.
   endpoint.url = "http://127.0.0.1:9/v1"

@@ -1,4 +1,4 @@
-"""PolicyService's remote path (engine.urls set, as the cluster preset sets it): new weights
+"""The policy service's remote path (engine.urls set, as the cluster preset sets it): new weights
 are written as a Hugging Face folder under engine.weights_dir and every server loads them with
 /update_weights_from_disk, and such a folder works as policy.init. The "SGLang server" is
 orchard_jax's own InferenceServer, which speaks SGLang's HTTP API: no SGLang server can run on
@@ -12,7 +12,7 @@ from flax import nnx
 
 from experiments import swe_rpr
 from orchard_jax import data, parallel, rollout
-from orchard_jax.recipes import swe_policy
+from orchard_jax.recipes.agentic import policy as swe_policy, serving
 from tests.recipes import conftest
 
 
@@ -28,10 +28,10 @@ def test_remote_engines_load_new_weights_from_the_weights_folder(tmp_path):
   with rollout.InferenceServer(engine) as server, \
       data.TrajectoryStore(str(tmp_path / "store")) as store:
     config.engine.urls = server.url
-    with swe_policy.PolicyService(config, None, tokenizer, store) as service:
-      with pytest.raises(swe_policy.PolicyError, match="weights_dir"):
+    with serving.policy_service(config, None, tokenizer, store) as service:
+      with pytest.raises(serving.ServingError, match="weights_dir"):
         service.sync_weights(trained, version=3)       # no shared folder to load from
-      config.engine.weights_dir = str(tmp_path / "weights")
+      config.engine.weights_dir = service.weights_dir = str(tmp_path / "weights")
       service.sync_weights(trained, version=3)
       folder = os.path.join(config.engine.weights_dir, "v000003")
       assert service.version == 3 and swe_policy.is_hf_folder(folder)
@@ -58,7 +58,7 @@ def test_embedded_engine_takes_the_prefix_cache_switch_from_the_config(tmp_path,
   model = swe_policy.build_policy(config.policy, parallel.make_mesh(config.mesh),
                                   vocab_size=tokenizer.vocab_size, seed=0)
   with data.TrajectoryStore(str(tmp_path / "store")) as store:
-    with swe_policy.PolicyService(config, model, tokenizer, store) as service:
+    with serving.policy_service(config, model, tokenizer, store) as service:
       assert service.engine.config.prefix_cache is prefix_cache
       # Two turns of one session: the second reuses the first's prompt only with the cache on.
       ids = [1, 2, 3, 4, 5, 6, 7, 8]

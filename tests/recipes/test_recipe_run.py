@@ -3,7 +3,8 @@ image, with a coin-flip hidden test), a 2-layer MoE policy, credit-assignment SF
 mini-swe-agent folder, two RL iterations of BAR rollouts through the recording proxy into the
 embedded engine, real sandboxes and grading, an LLM judge (a scripted endpoint) that fails on
 some calls, one rollout aborted by an injected sandbox failure, packed updates, weight sync,
-orbax checkpoints, the final evaluation, and swe_eval on the resulting checkpoint."""
+orbax checkpoints, the evaluations of the SFT start and of the final policy under the same
+protocol, and swe_eval on the resulting checkpoint."""
 import dataclasses
 import json
 import math
@@ -16,6 +17,7 @@ from experiments import swe_eval as swe_eval_experiment
 from experiments import swe_rpr, swe_value
 from orchard_jax import data
 from orchard_jax.recipes import swe
+from orchard_jax.recipes.swe.domain import SWEDomain
 from tests.recipes import conftest
 from tests.recipes.scripted_llm import ScriptedLLM
 
@@ -42,9 +44,9 @@ def mini_run(coin_dataset, parse_instances, tmp_path_factory):
   instances = load_instances(coin_dataset)
   aborted = {"session": None}
   lock = threading.Lock()
-  original = swe.run_episode
+  original = SWEDomain.run_episode
 
-  def flaky_episode(instance, client, base_url, **kwargs):
+  def flaky_episode(self, instance, client, base_url, **kwargs):
     """Fault injection: the first rollout of iteration 0 with attempt 1 loses its sandbox."""
     with lock:
       hit = (aborted["session"] is None and kwargs["session_id"].startswith("swe_rpr-0-")
@@ -53,17 +55,17 @@ def mini_run(coin_dataset, parse_instances, tmp_path_factory):
         aborted["session"] = kwargs["session_id"]
     if hit:
       raise RuntimeError("injected failure: the sandbox backend went away")
-    return original(instance, client, base_url, **kwargs)
+    return original(self, instance, client, base_url, **kwargs)
 
   mp = pytest.MonkeyPatch()
-  mp.setattr(swe, "run_episode", flaky_episode)
+  mp.setattr(SWEDomain, "run_episode", flaky_episode)
   out = io.StringIO()
   try:
     with ScriptedLLM(_judge_reply) as judge:
       config = conftest.mini_config(swe_rpr, tmp_path, coin_dataset, judge_url=judge.url,
                                     sft_source=conftest.sft_folder(tmp_path, instances))
       with contextlib.redirect_stdout(out):
-        result = swe.rl(config)
+        result = swe.train_rl(config)
   finally:
     mp.undo()
   yield result, config, out.getvalue(), aborted["session"]
@@ -74,6 +76,7 @@ def test_iterations_are_logged_and_trained(mini_run):
   result, config, stdout, _ = mini_run
   assert "SFT data:" in stdout and "SFT done:" in stdout
   assert "[it 1/2]" in stdout and "[it 2/2]" in stdout and "eval[train]" in stdout
+  assert "eval_start[train]" in stdout and "pass@1[train] SFT start" in stdout
   history = result["iterations"]
   assert len(history) == 2
   for stats in history:
@@ -129,9 +132,9 @@ def test_rollouts_are_stored_with_rewards_and_judge_fallback(mini_run):
 @pytest.mark.slow
 def test_weights_sync_and_checkpoints(mini_run):
   result, config, _, _ = mini_run
-  from orchard_jax.recipes import swe_policy
+  from orchard_jax.recipes.agentic import policy
   from orchard_jax.train import Checkpointer
-  folder = swe_policy.find_checkpoint_dir(config.workdir)
+  folder = policy.find_checkpoint_dir(config.workdir)
   assert folder == os.path.join(config.workdir, "rl", "checkpoints")
   updates = [s["train/updates"] for s in result["iterations"]]
   with Checkpointer(folder, async_save=False) as checkpoints:
@@ -214,20 +217,20 @@ def test_opd_teacher_scores_the_sampled_tokens(mini_run):
   import jax
   import numpy as np
   from orchard_jax import parallel, train
-  from orchard_jax.recipes import swe_policy, swe_rl
+  from orchard_jax.recipes.agentic import grpo, policy, teachers
   _, run_config, _, _ = mini_run
   config = run_config.copy_and_resolve_references()
   config.opd.update(dict(mode="loss", teacher_init=run_config.workdir))
-  tokenizer = swe_policy.load_tokenizer(config.policy)
+  tokenizer = policy.load_tokenizer(config.policy)
   mesh = parallel.make_mesh(config.mesh)
   with data.TrajectoryStore(os.path.join(run_config.workdir, "store")) as store:
     t = next(t for t in store.trajectories(experiment="swe_rpr")
              if store.model_calls(t.session_id))
     sequences = data.sequences_from_model_calls(store.model_calls(t.session_id), mode="rl")
-  with swe_rl.Teacher(config, tokenizer, mesh) as teacher:
-    scored = swe_rl.add_teacher_logprobs([s.with_advantage(1.0) for s in sequences], teacher)
-  model = swe_policy.build_policy(config.policy, mesh, vocab_size=tokenizer.vocab_size,
-                                  init=run_config.workdir)
+  with teachers.opd_teacher(config, tokenizer, mesh) as teacher:
+    scored = grpo.add_teacher_logprobs([s.with_advantage(1.0) for s in sequences], teacher)
+  model = policy.build_policy(config.policy, mesh, vocab_size=tokenizer.vocab_size,
+                              init=run_config.workdir)
   for s in scored:
     n = len(s)
     logp, _, _ = train.token_logprobs(model, s.input_ids[None], np.arange(n)[None],
@@ -235,12 +238,12 @@ def test_opd_teacher_scores_the_sampled_tokens(mini_run):
     mask = s.teacher_mask > 0
     assert mask.sum() == s.num_loss_tokens and not mask[0]
     np.testing.assert_allclose(s.teacher_logprobs[mask], np.asarray(logp)[0][mask], atol=1e-4)
-  batches, _ = swe_rl.pack_updates(scored, config, data_parallel_size=train.data_parallel_size(
+  batches, _ = grpo.pack_updates(scored, config, data_parallel_size=train.data_parallel_size(
       mesh), seed=0)
   assert {"teacher_logprobs", "teacher_mask"} <= set(batches[0])
-  trainer_config = dataclasses.replace(swe_rl.trainer_config(config, str(os.path.join(
+  trainer_config = dataclasses.replace(grpo.trainer_config(config, str(os.path.join(
       run_config.workdir, "opd_check")), model.config), total_steps=1)
-  with train.Trainer(model, swe_rl.policy_loss(config), trainer_config, mesh=mesh) as trainer:
+  with train.Trainer(model, grpo.policy_loss(config), trainer_config, mesh=mesh) as trainer:
     metrics = trainer.train_step(batches[0])
   assert np.isfinite(metrics["loss"]) and jax.device_count() >= 1
 
@@ -251,16 +254,17 @@ def test_replay_expert_data_is_cached_in_the_store(parse_instances, env_client, 
   """The SFT stage's replay-expert trajectories are executed and graded once, then read back
   from the run's store."""
   from orchard_jax.harness import AgentConfig
-  from orchard_jax.recipes import swe_sft
+  from orchard_jax.recipes.swe.domain import cached_expert_trajectories
+  from orchard_jax.tasks.swe import expert
   instance = parse_instances[0]
   with data.TrajectoryStore(str(tmp_path / "store")) as store:
-    first = swe_sft.expert_trajectories([instance], env_client, store, variants=("gold",),
-                                        agent_config=AgentConfig(output_limit_chars=300),
-                                        experiment="x-expert")
+    first = cached_expert_trajectories([instance], env_client, store, variants=("gold",),
+                                       agent_config=AgentConfig(output_limit_chars=300),
+                                       experiment="x-expert")
     assert [t.metadata["expert"]["variant"] for t in first] == ["gold"]
     assert first[0].resolved is True and first[0].exit_status == "Submitted"
     calls = []
-    monkeypatch.setattr(swe, "expert_trajectories", lambda *a, **k: calls.append(a) or [])
-    again = swe_sft.expert_trajectories([instance], env_client, store, variants=("gold",),
-                                        agent_config=AgentConfig(), experiment="x-expert")
+    monkeypatch.setattr(expert, "expert_trajectories", lambda *a, **k: calls.append(a) or [])
+    again = cached_expert_trajectories([instance], env_client, store, variants=("gold",),
+                                       agent_config=AgentConfig(), experiment="x-expert")
     assert calls == [] and [t.trajectory_id for t in again] == [first[0].trajectory_id]

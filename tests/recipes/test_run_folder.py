@@ -1,10 +1,10 @@
-"""recipes/run_folder.py: a failed run removes the run folder only when it created it and the
+"""recipes/agentic/run_folder.py: a failed run removes the run folder only when it created it and the
 folder holds no file; user data is never touched."""
 import os
 
 import pytest
 
-from orchard_jax.recipes import run_folder
+from orchard_jax.recipes.agentic import run_folder
 
 
 class _Failed(Exception):

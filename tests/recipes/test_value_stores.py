@@ -5,7 +5,8 @@ import ml_collections
 import pytest
 
 from orchard_jax import data
-from orchard_jax.recipes import ConfigError, swe_value
+from orchard_jax.recipes import ConfigError
+from orchard_jax.recipes.agentic import value as swe_value
 
 
 def _config(stores):

@@ -109,7 +109,7 @@ def test_loop_strides_until_assembled():
     requests.append(k)
     return next(batches)
 
-  result = rl.balanced_adaptive_rollout(generate, config)
+  [result] = rl.balanced_adaptive_rollout(lambda counts: [generate(counts[0])], config)
   assert requests == [4, 4]
   assert result.mode == "target" and result.num_positive == 2 and result.pool_size == 8
   assert _ids(result) == ["p0", "p1", "n0", "n1"]
@@ -123,14 +123,37 @@ def test_loop_stops_at_first_success():
     requests.append(k)
     return [_pos(0), _neg(0), _neg(1), _neg(2)]
 
-  assert rl.balanced_adaptive_rollout(generate, config).tried == (2, 1)
+  [result] = rl.balanced_adaptive_rollout(lambda counts: [generate(counts[0])], config)
+  assert result.tried == (2, 1)
   assert requests == [4]
 
 
 def test_loop_falls_back_at_budget_even_if_generation_lost_rollouts():
   config = rl.BARConfig(group_size=4, max_rollouts=8, stride=4, positive_fraction=(0.25, 0.75))
-  result = rl.balanced_adaptive_rollout(lambda k: [_neg(i) for i in range(k - 1)], config)
+  [result] = rl.balanced_adaptive_rollout(
+      lambda counts: [[_neg(i) for i in range(counts[0] - 1)]], config)
   assert result.pool_size == 6 and result.mode == "widened" and result.num_positive == 0
+
+
+def test_many_prompts_share_rounds_and_stop_independently():
+  """Each round asks only the prompts without a group; one that assembles asks for no more."""
+  config = rl.BARConfig(group_size=2, max_rollouts=6, stride=2, positive_fraction=(0.5, 0.5))
+  outcomes = {0: iter([[_pos(0), _neg(0)]]),                           # assembles in round 1
+              1: iter([[_neg(1), _neg(2)], [_pos(1), _neg(3)]]),       # in round 2
+              2: iter([[_neg(4), _neg(5)]] * 3)}                       # never: fallback at N_max
+  calls = []
+
+  def generate(counts):
+    calls.append(list(counts))
+    return [next(outcomes[p]) if k else [] for p, k in enumerate(counts)]
+
+  first, second, third = rl.balanced_adaptive_rollout(generate, config, num_prompts=3)
+  assert calls == [[2, 2, 2], [0, 2, 2], [0, 0, 2]]
+  assert (first.mode, first.pool_size) == ("target", 2)
+  assert (second.mode, second.pool_size, _ids(second)) == ("target", 4, ["p1", "n1"])
+  assert (third.mode, third.pool_size, third.num_positive) == ("widened", 6, 0)
+  with pytest.raises(rl.RLError, match="for 1 prompts; expected 3"):
+    rl.balanced_adaptive_rollout(lambda counts: [[]], config, num_prompts=3)
 
 
 def test_group_filter_reasons():

@@ -228,7 +228,7 @@ def test_rl_trains_on_a_dataset_of_upstream_fixes(dataset, tmp_path):
   config.eval.update(dict(k=1, max_instances=1))
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
-    result = swe.rl(config)
+    result = swe.train_rl(config)
   stdout = out.getvalue()
   assert "dataset build: 2 instances: built 2" in stdout
   assert "[it 1/1]" in stdout and "eval[train]" in stdout

@@ -18,35 +18,17 @@ produces (its observation) shows in V(s_{t+1}).
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Optional
 
-from orchard_jax.recipes import ConfigError, llm
-from orchard_jax.recipes.swe_evidence import gather_evidence, read_steps, render_trajectory
+from orchard_jax.recipes import ConfigError
+from orchard_jax.recipes.agentic import llm
+from orchard_jax.recipes.agentic.domain import Annotation
+from orchard_jax.recipes.swe.evidence import gather_evidence, read_steps, render_trajectory
 
 ANNOTATOR_KINDS = ("evidence", "llm")
-
-
-@dataclasses.dataclass
-class Annotation:
-  """Sparse V annotations of one trajectory.
-
-  Attributes:
-    steps: strictly increasing step indices in [0, num_steps).
-    values: V at those steps, in [0, 1].
-    num_steps: the trajectory's number of actions T.
-    source: "evidence", "llm", or "evidence_fallback" (the LLM failed).
-    reasoning: the annotator's explanation.
-    failure: why the LLM annotation was replaced ("" otherwise).
-    seconds: wall time.
-  """
-  steps: list[int]
-  values: list[float]
-  num_steps: int
-  source: str
-  reasoning: str = ""
-  failure: str = ""
-  seconds: float = 0.0
+PROMPTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompts")
 
 
 class EvidenceAnnotator:
@@ -158,7 +140,7 @@ class LLMAnnotator:
     endpoint: ConfigDict with url, model, api_key_env, timeout_s, retries.
     temperature, max_tokens: sampling settings.
     observation_chars: per-observation budget in the prompt.
-    prompt: template file name in recipes/prompts or a path.
+    prompt: template file name in recipes/swe/prompts or a path.
     fallback: the annotator used when the LLM fails (default EvidenceAnnotator()).
   """
 
@@ -170,7 +152,7 @@ class LLMAnnotator:
     self.endpoint = endpoint
     self.temperature, self.max_tokens = temperature, max_tokens
     self.observation_chars = observation_chars
-    self.template = llm.load_prompt(prompt)
+    self.template = llm.load_prompt(prompt, PROMPTS_DIR)
     self.fallback = fallback or EvidenceAnnotator()
 
   def prompt(self, trajectory, instance, num_steps: int) -> str:

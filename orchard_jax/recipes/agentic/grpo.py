@@ -1,9 +1,9 @@
-"""The RL stage of Orchard-SWE: BAR groups -> advantages -> packed batches -> sharded updates.
+"""The RL stage of the agentic loop: BAR groups -> advantages -> packed batches -> sharded updates.
 
 One iteration (docs/algorithms.md sections 2-5; docs/design.md "the main job"):
-1. choose prompts (training instances), over-sampled by `rl.oversample` to replace dropped groups;
-2. `swe_rollouts.balanced_groups`: BAR strides of harness rollouts through the proxy, each
-   graded in a fresh sandbox and rewarded R_bin or R' = R_bin + alpha J (RPR);
+1. choose prompts (training tasks), over-sampled by `rl.oversample` to replace dropped groups;
+2. `groups.balanced_groups`: BAR strides of the domain's episodes through the proxy, each
+   graded by the domain and rewarded R_bin or R' = R_bin + alpha J (RPR);
 3. the group filter (`rl.select_groups`: aborted, zero reward spread, or no resolved rollout)
    keeps `prompts_per_iteration` groups;
 4. GRPO advantages per group (`rl.grpo_advantages`), broadcast onto the tokens each rollout
@@ -12,7 +12,7 @@ One iteration (docs/algorithms.md sections 2-5; docs/design.md "the main job"):
 5. on-policy distillation when configured: teacher log-probs of the sampled tokens;
 6. fixed-shape packed batches (`data.pack_sequences`), one optimiser update per batch, with
    `train.PolicyLoss`;
-7. new weights into the engine (`PolicyService.sync_weights`), an orbax checkpoint with the
+7. new weights into the engine (`ModelService.sync_weights`), an orbax checkpoint with the
    iteration in its meta (a restarted run resumes at the next iteration).
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from orchard_jax import data, rl, train
-from orchard_jax.recipes import swe_rollouts
+from orchard_jax.recipes.agentic.groups import PromptGroup
 
 _log = logging.getLogger(__name__)
 
@@ -56,17 +56,17 @@ def trainer_config(config, workdir: str, model_config) -> train.TrainerConfig:
       log_every=1, seed=int(config.seed), tensorboard=True, progress=False)
 
 
-def choose_prompts(instances: Sequence[Any], count: int, *, iteration: int, seed: int) -> list:
-  """`count` training instances for one iteration: a seeded permutation per epoch over the
-  instances, so every instance comes up once before any repeats."""
-  if not instances:
+def choose_prompts(tasks: Sequence[Any], count: int, *, iteration: int, seed: int) -> list:
+  """`count` training tasks for one iteration: a seeded permutation per epoch over the tasks,
+  so every task comes up once before any repeats."""
+  if not tasks:
     return []
   out = []
-  n = len(instances)
+  n = len(tasks)
   for j in range(iteration * count, (iteration + 1) * count):
     epoch, index = divmod(j, n)
     order = np.random.default_rng([seed, epoch]).permutation(n)
-    out.append(instances[order[index]])
+    out.append(tasks[order[index]])
   return out
 
 
@@ -77,7 +77,7 @@ class IterationData:
   stats: dict
 
 
-def group_sequences(groups: Sequence[swe_rollouts.PromptGroup], store, *, num_groups: int,
+def group_sequences(groups: Sequence[PromptGroup], store, *, num_groups: int,
                     positive_is_resolved: bool = True) -> IterationData:
   """Group filter, GRPO advantages and the recorded token sequences of the kept groups.
 
@@ -98,7 +98,7 @@ def group_sequences(groups: Sequence[swe_rollouts.PromptGroup], store, *, num_gr
         calls = store.model_calls(rollout.session_id)
         per_rollout.append(data.sequences_from_model_calls(calls, mode="rl"))
     except data.DataError as error:
-      _log.warning("group of %s dropped: %s", groups[index].instance.instance_id, error)
+      _log.warning("group %d dropped: %s", index, error)
       unusable += 1
       continue
     for rollout, seqs, advantage in zip(group, per_rollout, advantages):
@@ -114,7 +114,12 @@ def group_sequences(groups: Sequence[swe_rollouts.PromptGroup], store, *, num_gr
 
 def add_teacher_logprobs(sequences: list, teacher) -> list:
   """On-policy distillation: the teacher's log-probs of each sequence's tokens (its sampled
-  tokens are what the loss uses), with teacher_mask 1 on loss tokens the teacher scored."""
+  tokens are what the loss uses), with teacher_mask 1 on loss tokens the teacher scored.
+
+  Args:
+    sequences: TrainingSequences.
+    teacher: anything with `score(ids) -> [log-prob or None]` (a `ModelService`).
+  """
   out = []
   for s in sequences:
     scores = teacher.score([int(t) for t in s.input_ids])
@@ -156,13 +161,14 @@ def summary_line(iteration: int, total: int, stats: dict) -> str:
           f"train {stats['time/train_s']:.0f}s")
 
 
-def iteration_stats(groups: Sequence[swe_rollouts.PromptGroup]) -> dict:
+def iteration_stats(groups: Sequence[PromptGroup]) -> dict:
   """Reward, resolved-rate and BAR numbers of one iteration's rollouts."""
   rollouts = [r for g in groups for r in g.rollouts]
   first = [r for g in groups for r in g.first_rollouts]
   assemblies = [g.assembly for g in groups]
   group_rollouts = [r for g in groups for r in g.group]
-  judged = [r.judgement for r in rollouts if r.judgement is not None]
+  judged = [r for r in rollouts if r.judgement is not None]
+  scores = [r.judge_score for r in judged if r.judge_score is not None]
   return {
       "reward/mean": float(np.mean([r.reward for r in group_rollouts])) if group_rollouts
       else float("nan"),
@@ -177,10 +183,8 @@ def iteration_stats(groups: Sequence[swe_rollouts.PromptGroup]) -> dict:
       "bar/ranked": sum(a.mode == "ranked" for a in assemblies),
       "bar/positive_fraction": float(np.mean([a.num_positive / max(len(a.rollouts), 1)
                                               for a in assemblies])) if assemblies else 0.0,
-      "judge/failures": sum(j.failed for j in judged),
-      "judge/score_mean": float(np.mean([rl.judge_score(j.scores) for j in judged
-                                         if not j.failed])) if any(not j.failed for j in judged)
-      else float("nan"),
+      "judge/failures": sum(r.judge_score is None for r in judged),
+      "judge/score_mean": float(np.mean(scores)) if scores else float("nan"),
   }
 
 
@@ -217,44 +221,3 @@ def broadcast_batches(batches: list[dict], *, keys: Sequence[str], shape: tuple[
         batches[i][k] if jax.process_index() == 0
         else np.zeros(shape, np.int32 if k in ints else np.float32))) for k in keys})
   return out
-
-
-class Teacher:
-  """The OPD teacher: a scoring client over SGLang URLs or a second embedded engine."""
-
-  def __init__(self, config, tokenizer, mesh):
-    self.config, self.tokenizer, self.mesh = config, tokenizer, mesh
-    self._server = None
-    self.client = None
-
-  def __enter__(self) -> "Teacher":
-    from orchard_jax import rollout
-    from orchard_jax.recipes import swe_policy
-    o = self.config.opd
-    urls = [u for u in str(o.teacher_urls).split(",") if u.strip()]
-    if not urls:
-      if not o.teacher_init:
-        raise ValueError("opd.mode is set but neither opd.teacher_urls nor opd.teacher_init is")
-      policy = self.config.policy
-      teacher_policy = dict(policy.to_dict(), init=o.teacher_init,
-                            preset=o.teacher_preset or policy.preset)
-      from ml_collections import ConfigDict
-      model = swe_policy.build_policy(ConfigDict(teacher_policy), self.mesh,
-                                      vocab_size=self.tokenizer.vocab_size)
-      engine = rollout.Engine(model, self.tokenizer, config=rollout.EngineConfig(
-          max_batch_size=2, batch_buckets=(1, 2),
-          max_seq_len=int(self.config.engine.max_seq_len) + 1))
-      self._server = rollout.InferenceServer(engine)
-      self._server.__enter__()
-      urls = [self._server.url]
-    self.client = rollout.SGLangClient(urls)
-    return self
-
-  def score(self, ids: list[int]) -> list[Optional[float]]:
-    return self.client.score(ids)
-
-  def __exit__(self, *exc) -> None:
-    if self.client is not None:
-      self.client.close()
-    if self._server is not None:
-      self._server.__exit__(None, None, None)

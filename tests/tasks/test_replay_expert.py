@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from orchard_jax.harness.replay_expert import plan_steps, run_expert, slice_tests
+from orchard_jax.tasks.swe.expert import plan_steps, run_expert, slice_tests
 from orchard_jax.tasks.swe import evaluation
 from orchard_jax.tasks.swe.builder import BuildSettings, build_task_set
 from orchard_jax.tasks.swe.testbed import open_sandbox
@@ -55,7 +55,7 @@ def test_variants_replay_to_their_expected_outcome(env_client, instance, tmp_pat
 def test_plans_per_variant(instance):
   import subprocess
   from orchard_jax.harness.errors import HarnessError
-  from orchard_jax.harness.replay_expert import _hunks
+  from orchard_jax.tasks.swe.expert import _hunks
   repo = instance.test_spec.image + "/repo"
   files = sorted({h.file for h in _hunks(instance.patch)})
   base_text = {f: subprocess.run(["git", "show", f"{instance.base_commit}:{f}"], cwd=repo,

@@ -27,7 +27,9 @@ from flax import nnx
 
 from orchard_jax import data, models, parallel, rl, train
 from orchard_jax.models.value import ValueModel  # not re-exported by orchard_jax.models yet
-from orchard_jax.recipes import ConfigError, swe_policy, swe_sft
+from orchard_jax.recipes import ConfigError
+from orchard_jax.recipes.agentic import policy as policy_lib
+from orchard_jax.recipes.agentic.sft import trajectory_sequences
 
 _log = logging.getLogger(__name__)
 
@@ -84,7 +86,7 @@ def labelled_sequences(store_paths: Sequence[str], tokenizer, *, seq_len: int,
           stats["aborted"] += 1
           continue
         try:
-          sequences = swe_sft.trajectory_sequences(t, tokenizer, store)
+          sequences = trajectory_sequences(t, tokenizer, store)
         except data.DataError:
           sequences = []
         if not sequences:
@@ -127,14 +129,14 @@ def build_value_model(config, mesh, tokenizer) -> ValueModel:
   else a fresh one of value.preset."""
   v = config.value
   if v.init_from_policy:
-    policy = swe_policy.build_policy(config.policy, mesh, vocab_size=tokenizer.vocab_size,
+    policy = policy_lib.build_policy(config.policy, mesh, vocab_size=tokenizer.vocab_size,
                                      init=v.init_from_policy)
     return ValueModel.from_policy(policy, rngs=nnx.Rngs(int(config.seed)))
   model_config = models.get_preset(v.preset)
   if model_config.vocab_size < tokenizer.vocab_size:
-    raise swe_policy.PolicyError(f"value preset {v.preset!r} has vocab_size "
-                                 f"{model_config.vocab_size}; the tokenizer needs "
-                                 f"{tokenizer.vocab_size}")
+    raise policy_lib.PolicyError(f"value preset {v.preset!r} has vocab_size "
+                                f"{model_config.vocab_size}; the tokenizer needs "
+                                f"{tokenizer.vocab_size}")
   return parallel.create_sharded(
       lambda: ValueModel(model_config, rngs=nnx.Rngs(int(config.seed))), mesh)
 
@@ -147,23 +149,18 @@ def value_checkpoint_dir(path: str, *, field: str = "eval.value_checkpoint") -> 
     PolicyError: there is none (the message names the config field and the path).
   """
   for sub in ("value", ""):
-    folder = swe_policy.find_checkpoint_dir(os.path.join(path, sub) if sub else path)
+    folder = policy_lib.find_checkpoint_dir(os.path.join(path, sub) if sub else path)
     if folder:
       return folder
-  raise swe_policy.PolicyError(f"{field}: no value-model checkpoint under {path!r} (expected "
-                               "the folder of a swe_value run)")
+  raise policy_lib.PolicyError(f"{field}: no value-model checkpoint under {path!r} (expected "
+                              "the folder of a value run, e.g. swe_value)")
 
 
 def load_value_model(config, path: str, mesh, tokenizer) -> ValueModel:
   """The value model a value run wrote (run folder, its value/ folder, or checkpoints/)."""
   folder = value_checkpoint_dir(path)
   model = build_value_model(config, mesh, tokenizer)
-  parts = train.ModelParts.of(model)
-  params = train.restore_params(folder, train.abstract_like(parts.pure_params(),
-                                                            parts.param_shardings(mesh)))
-  state = nnx.state(model, nnx.Param)
-  nnx.replace_by_pure_dict(state, params)
-  nnx.update(model, state)
+  policy_lib.load_params(model, folder, mesh)
   return model
 
 
@@ -203,7 +200,7 @@ def reranking(items: Sequence[LabelledSequence], probs: np.ndarray,
   return rl.reranking_report(list(tasks.values()), ks=tuple(ks))
 
 
-def train_value(config, run_dir: str, mesh, tokenizer) -> dict[str, Any]:
+def fit_value(config, run_dir: str, mesh, tokenizer) -> dict[str, Any]:
   """Trains the value model on the stores and reports held-out reranking metrics.
 
   Returns:
@@ -265,7 +262,7 @@ def rollout_scorer(value_model, store, tokenizer, *, seq_len: int, batch_size: i
     items, index = [], []
     for i, r in enumerate(rollouts):
       try:
-        sequences = swe_sft.trajectory_sequences(r.trajectory, tokenizer, store)
+        sequences = trajectory_sequences(r.trajectory, tokenizer, store)
       except data.DataError:
         sequences = []
       if sequences and len(sequences[-1]) <= seq_len:

@@ -36,6 +36,7 @@ from typing import Callable, ContextManager, Sequence
 from orchard_jax.harness import prompts
 from orchard_jax.harness.bash_agent import AgentConfig, AgentResult, BashAgent, EXIT_SUBMITTED
 from orchard_jax.harness.errors import HarnessError
+from orchard_jax.tasks.swe.testbed import setup_script
 
 VARIANTS = ("gold", "detour", "wrong_fix", "partial", "give_up")
 REPRO_NAME = "test_issue_repro.py"
@@ -466,7 +467,6 @@ def run_expert(instance, variant: str, *, sandbox_factory: Callable[..., Context
     HarnessError: the variant does not apply to this instance (including a "wrong" edit that
       turned out to fix the reproduction), or the workspace setup failed.
   """
-  from orchard_jax.tasks.swe.testbed import setup_script
   workdir = instance.test_spec.workdir if instance.test_spec else config.workdir
   with sandbox_factory(instance) as sandbox:
     ready = sandbox.run(setup_script(instance, workdir=workdir), timeout_s=300)
@@ -492,3 +492,40 @@ def run_expert(instance, variant: str, *, sandbox_factory: Callable[..., Context
   if evaluate is not None and result.exit_status == EXIT_SUBMITTED:
     evaluation = evaluate(instance, result.submission)
   return ExpertRun(variant, result, kinds, evidence, flips, evaluation)
+
+
+def expert_trajectories(instances: Sequence, client, *,
+                        variants: Sequence[str] = ("gold", "detour", "wrong_fix", "give_up"),
+                        agent_config: AgentConfig | None = None, output_dir: str | None = None,
+                        seed: int = 0, experiment: str | None = None) -> list:
+  """Executes the expert's variants on each instance and grades every submission in a fresh
+  sandbox of `client` (an Orchard Env SandboxClient).
+
+  A variant that does not apply to an instance (e.g. "partial" on a one-hunk patch) is skipped.
+  Returns `data.Trajectory` objects (outcome filled, expert evidence in metadata); with
+  `output_dir`, each is also written as a mini-swe-agent `*.traj.json` file there.
+  """
+  import logging
+
+  from orchard_jax.data.miniswe import write_miniswe_trajectory
+  from orchard_jax.tasks.swe import episode
+
+  factory = episode.sandbox_factory(client)
+  config = agent_config or AgentConfig()
+  trajectories = []
+  for instance in instances:
+    for attempt, variant in enumerate(variants):
+      try:
+        run = run_expert(instance, variant, sandbox_factory=factory,
+                         evaluate=lambda inst, patch: episode.grade(inst, patch, client),
+                         config=config, seed=seed + attempt)
+      except HarnessError as e:
+        logging.getLogger(__name__).info("expert variant %s skipped on %s: %s", variant,
+                                         instance.instance_id, e)
+        continue
+      trajectory = run.to_trajectory(instance.instance_id, attempt=attempt, experiment=experiment)
+      trajectories.append(trajectory)
+      if output_dir:
+        write_miniswe_trajectory(trajectory, os.path.join(
+            output_dir, variant, instance.instance_id, f"{instance.instance_id}.traj.json"))
+  return trajectories

@@ -18,8 +18,18 @@ from typing import Any
 from ml_collections import ConfigDict
 
 from orchard_jax import data
-from orchard_jax.recipes import load_tokenizer
-from orchard_jax.recipes.swe_distill import DistillError, store_path
+from orchard_jax.recipes import ConfigError, load_tokenizer
+
+
+class DistillError(ConfigError):
+  """A distillation or dataset setting is invalid (the message names the field, expected and
+  seen)."""
+
+
+def store_path(config: ConfigDict) -> str:
+  """config.store, or workdir/store when empty."""
+  return config.store or os.path.join(config.workdir, "store")
+
 
 
 def stats(config: ConfigDict) -> data.DatasetStats:

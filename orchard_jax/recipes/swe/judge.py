@@ -1,8 +1,9 @@
 """Rubric judges for rubric-based process reward (RPR; docs/algorithms.md section 5).
 
-Two judges grade a whole SWE trajectory on the seven rubrics (rl.RUBRICS) and return raw
-scores; `rpr_reward` snaps, weights and combines them with R_bin through `orchard_jax.rl`
-(R' = R_bin + alpha J, and R_bin alone when the judge failed):
+Two judges grade a whole SWE trajectory on the SWE rubric set (the paper's seven rubrics,
+tasks/swe/rubrics.py; `RUBRIC_SET`) and return raw scores as an `agentic.Judgement`; the loop
+snaps, weights and combines them with R_bin through `rl.rpr_reward` with this rubric set
+(R' = R_bin + alpha J, and R_bin alone when the judgement failed):
 
 - `LLMJudge`: a model behind an OpenAI-compatible endpoint reads the prompt in
   `prompts/swe_judge.txt` (the rubrics with their weights, the grounding rule, the trajectory
@@ -11,7 +12,7 @@ scores; `rpr_reward` snaps, weights and combines them with R_bin through `orchar
   tokens. Any failure (endpoint down, no JSON, a missing or out-of-range score) is a failed
   judgement, never an exception.
 - `EvidenceJudge`: offline and deterministic; scores the same rubrics from what the trajectory
-  shows (`swe_evidence.gather_evidence`): a reproduction that failed before the fix and passed
+  shows (`evidence.gather_evidence`): a reproduction that failed before the fix and passed
   after it, existing tests run after the change, claims that match the last test run. The gold
   patch and FAIL_TO_PASS ids ground R2, R3 and R5 only, as the rubric rules say.
 
@@ -19,41 +20,23 @@ scores; `rpr_reward` snaps, weights and combines them with R_bin through `orchar
 """
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
+import os
 import re
 import time
-from typing import Any, Optional, Sequence
+from typing import Sequence
 
 from orchard_jax import rl
-from orchard_jax.recipes import ConfigError, llm
-from orchard_jax.recipes.swe_evidence import Evidence, gather_evidence, render_trajectory
+from orchard_jax.recipes import ConfigError
+from orchard_jax.recipes.agentic import llm
+from orchard_jax.recipes.agentic.domain import Judgement
+from orchard_jax.recipes.swe.evidence import Evidence, gather_evidence, render_trajectory
 from orchard_jax.tasks.swe.patches import patch_files
+from orchard_jax.tasks.swe.rubrics import RUBRICS
+
+PROMPTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompts")
+RUBRIC_SET = rl.RubricSet(RUBRICS)
 
 JUDGE_KINDS = ("evidence", "llm")
-
-
-@dataclasses.dataclass
-class Judgement:
-  """One judge's verdict on one trajectory.
-
-  Attributes:
-    scores: {rubric name: raw score} as the judge gave them (before snapping), or None when
-      the judge failed.
-    reasoning: the judge's explanation (or the evidence it used).
-    failure: why the verdict is unusable ("" when it is fine).
-    judge: which judge ("evidence", "llm").
-    seconds: wall time of the judgement.
-  """
-  scores: Optional[dict[str, float]]
-  reasoning: str = ""
-  failure: str = ""
-  judge: str = ""
-  seconds: float = 0.0
-
-  @property
-  def failed(self) -> bool:
-    return self.scores is None or bool(self.failure)
 
 
 def parse_judge_reply(text: str) -> tuple[dict[str, float], str]:
@@ -69,16 +52,10 @@ def parse_judge_reply(text: str) -> tuple[dict[str, float], str]:
   if not isinstance(scores, dict):
     raise llm.GraderError(f"the judge's JSON has no 'scores' object; keys {sorted(reply)}")
   try:
-    rl.judge_score(scores)
+    rl.judge_score(scores, RUBRIC_SET)
   except rl.RLError as error:
     raise llm.GraderError(f"unusable rubric scores: {error}") from error
-  named = {}
-  for k, name in enumerate(rl.RUBRIC_NAMES):
-    for key in (name, f"R{k + 1}", f"r{k + 1}"):
-      if key in scores:
-        named[name] = float(scores[key])
-        break
-  return named, str(reply.get("reasoning", ""))
+  return RUBRIC_SET.named_scores(scores), str(reply.get("reasoning", ""))
 
 
 def _names(tests: Sequence[str]) -> list[str]:
@@ -115,7 +92,7 @@ def evidence_scores(ev: Evidence, submission: str, *, gold_patch: str = "",
     submission: the submitted patch ("" for none).
     gold_patch, fail_to_pass: the reference fix and hidden test ids; ground R2, R3, R5 only.
   Returns:
-    {rubric name: score in [0, 1]} for every name in rl.RUBRIC_NAMES.
+    {rubric name: score in [0, 1]} for every name in RUBRIC_SET.names.
   """
   steps = ev.steps
   changed = patch_files(submission) if submission.strip() else []
@@ -167,7 +144,7 @@ def evidence_scores(ev: Evidence, submission: str, *, gold_patch: str = "",
   integrity -= 0.2 * (ev.claims_success and not any(s.runs_tests for s in steps))
   values = (fix, repro, coverage, rigor, disc, guard, integrity)
   return {name: rl.snap_score(min(max(v, 0.0), 1.0))
-          for name, v in zip(rl.RUBRIC_NAMES, values)}
+          for name, v in zip(RUBRIC_SET.names, values)}
 
 
 class LLMJudge:
@@ -177,7 +154,7 @@ class LLMJudge:
     endpoint: ConfigDict with url, model, api_key_env, timeout_s, retries.
     temperature, max_tokens: sampling settings (Orchard: 0.6, 1,024).
     observation_chars: per-observation budget in the prompt (Orchard: 1,200).
-    prompt: template file name in recipes/prompts or a path.
+    prompt: template file name in recipes/swe/prompts or a path.
   """
 
   name = "llm"
@@ -188,7 +165,7 @@ class LLMJudge:
     self.temperature = temperature
     self.max_tokens = max_tokens
     self.observation_chars = observation_chars
-    self.template = llm.load_prompt(prompt)
+    self.template = llm.load_prompt(prompt, PROMPTS_DIR)
 
   def prompt(self, trajectory, instance) -> str:
     """The judge prompt for one trajectory."""
@@ -228,22 +205,3 @@ def make_judge(judge_config):
                     observation_chars=int(judge_config.observation_chars),
                     prompt=judge_config.prompt)
   raise ConfigError(f"judge.kind is {kind!r}; expected one of {JUDGE_KINDS}")
-
-
-def judge_all(judge, items: Sequence[tuple[Any, Any]], *, max_workers: int = 4
-              ) -> list[Judgement]:
-  """Judges (trajectory, instance) pairs concurrently; results in input order."""
-  if not items:
-    return []
-  with concurrent.futures.ThreadPoolExecutor(max(1, min(max_workers, len(items)))) as pool:
-    return list(pool.map(lambda item: judge.judge(*item), items))
-
-
-def rpr_reward(judgement: Optional[Judgement], *, resolved: bool, truncated: bool,
-               alpha: float) -> rl.RPRReward:
-  """R' for one trajectory through `rl.rpr_reward` (R_bin when the judgement failed)."""
-  scores = None if judgement is None or judgement.failed else judgement.scores
-  reward = rl.rpr_reward(resolved, scores, alpha=alpha, truncated=truncated)
-  if judgement is not None and judgement.failure:
-    reward = dataclasses.replace(reward, failure=judgement.failure)
-  return reward

@@ -1,10 +1,11 @@
-"""LLM endpoints for recipe-side graders (the RPR judge, the credit annotator).
+"""LLM endpoints for a domain's graders (the RPR judge, the credit annotator).
 
 A grader talks to any OpenAI-compatible endpoint (a hosted API, SGLang or vLLM serving an
 open-weight model, the embedded engine) through the harness's `ChatModel`, with its API key
-read from an environment variable (never from the config file). Prompts live as text files in
-`orchard_jax/recipes/prompts/` with `$name` placeholders (string.Template, so JSON braces in
-the prompt need no escaping); replies are parsed by `extract_json_object`.
+read from an environment variable (never from the config file). Prompts are text files in the
+domain's prompt folder (e.g. `orchard_jax/recipes/swe/prompts/`) with `$name` placeholders
+(string.Template, so JSON braces in the prompt need no escaping); replies are parsed by
+`extract_json_object`.
 """
 from __future__ import annotations
 
@@ -14,20 +15,19 @@ import re
 import string
 from typing import Any, Mapping, Optional
 
-PROMPTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompts")
-
-
 class GraderError(Exception):
   """A grader's reply could not be used (no JSON object, wrong fields, values out of range)."""
 
 
-def load_prompt(name_or_path: str) -> string.Template:
-  """A prompt template: a file in PROMPTS_DIR by name ("swe_judge.txt") or a path.
+def load_prompt(name_or_path: str, prompts_dir: str = "") -> string.Template:
+  """A prompt template: a path, or a file in `prompts_dir` (a domain's prompt folder) by name
+  ("swe_judge.txt").
 
   Raises:
-    FileNotFoundError: neither exists (the message names both places looked at).
+    FileNotFoundError: neither exists (the message names the places looked at).
   """
-  candidates = [name_or_path, os.path.join(PROMPTS_DIR, name_or_path)]
+  candidates = [name_or_path] + ([os.path.join(prompts_dir, name_or_path)] if prompts_dir
+                                 else [])
   for path in candidates:
     if os.path.isfile(path):
       with open(path, encoding="utf-8") as f:

@@ -91,14 +91,14 @@ def run_cli_episode(instance, client, base_url: str, *, harness: str, model: str
   """
   from orchard_jax import data
   from orchard_jax.harness.cli_harness import HarnessLimits, get_cli_harness, run_cli_harness
-  from orchard_jax.recipes import swe
   from orchard_jax.tasks.swe import evaluation, patches, testbed
+  from orchard_jax.tasks.swe.episode import sandbox_factory
 
   cli = get_cli_harness(harness)
   workdir = instance.test_spec.workdir
   limits = HarnessLimits(timeout_s=float(agent.wall_time_limit_s), max_turns=int(agent.step_limit),
                          max_output_tokens=int((sampling or {}).get("max_tokens") or 4096))
-  factory = swe.sandbox_factory(client, egress=[proxy_origin(base_url)])
+  factory = sandbox_factory(client, egress=[proxy_origin(base_url)])
   with factory(instance) as sandbox:
     ready = sandbox.run(testbed.setup_script(instance, workdir=workdir), timeout_s=300)
     if ready.exit_code != 0:
@@ -120,7 +120,7 @@ def run_cli_episode(instance, client, base_url: str, *, harness: str, model: str
                 "harness_wall_s": run.wall_s, "harness_logs": logs,
                 "harness_output_tail": run.output[-2000:]})
   if evaluate_patch:
-    with swe.sandbox_factory(client)(instance) as sandbox:
+    with sandbox_factory(client)(instance) as sandbox:
       graded = evaluation.evaluate_in_sandbox(sandbox, instance, run.patch, log_dir=log_dir)
     trajectory.outcome = {"resolved": graded.resolved, "status": graded.outcome,
                           **(graded.tests.to_dict() if graded.tests else {})}

@@ -1,21 +1,21 @@
-"""Credit-assignment SFT for Orchard-SWE (docs/algorithms.md section 1).
+"""Credit-assignment SFT for any domain (docs/algorithms.md section 1).
 
-Data: trajectories with outcomes, from the replay expert executed on the training tasks (the
-default on machines without a teacher; cached in the run's trajectory store), from a trajectory
-store (e.g. `swe_distill` or earlier RL runs), or from a mini-swe-agent trajectory folder.
+Data: trajectories with outcomes, from the domain's seed trajectories (`Domain.seed_trajectories`,
+e.g. SWE's replay expert executed on the training tasks; cached in the run's trajectory store),
+from a trajectory store (e.g. a distillation or earlier RL run), or from a mini-swe-agent
+trajectory folder.
 Each trajectory becomes token sequences: from its recorded model calls when the store has them
 (sampled ids are never re-tokenised), else from its messages with the student's chat template.
 The paper's filters drop trajectories that are too long for the context, call undefined tools,
 or hold unparsable actions (counted, never truncated).
 
-Loss weights: an annotator (swe_annotate) gives sparse V(s_t); `rl.trained_steps` keeps every
+Loss weights: the domain's annotator gives sparse V(s_t); `rl.trained_steps` keeps every
 action of a resolved trajectory and only the actions in rise segments (credit >= eps) of an
 unresolved one; observations never carry loss. `mode="resolved_only"` is the paper's ablation
 (resolved trajectories only, every action).
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -24,8 +24,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from orchard_jax import data, rl, train
-from orchard_jax.recipes import ConfigError, swe_annotate
-from orchard_jax.recipes.swe_evidence import read_steps
+from orchard_jax.recipes import ConfigError
 
 _log = logging.getLogger(__name__)
 
@@ -43,36 +42,6 @@ class SFTData:
   """
   sequences: list
   stats: dict
-
-
-def expert_trajectories(instances: Sequence[Any], env_client, store, *, variants: Sequence[str],
-                        agent_config, experiment: str, parallel: int = 2,
-                        seed: int = 0) -> list[data.Trajectory]:
-  """Replay-expert trajectories (executed and graded in sandboxes) for `instances`, from the
-  store when it already holds them (same experiment, task and variant), else run and stored."""
-  from orchard_jax.recipes import swe
-  have = {}
-  for t in store.trajectories(experiment=experiment):
-    variant = (t.metadata.get("expert") or {}).get("variant")
-    if variant:
-      have[(t.task_id, variant)] = t
-  todo = [i for i in instances if any((i.instance_id, v) not in have for v in variants)]
-
-  def run(instance):
-    missing = [v for v in variants if (instance.instance_id, v) not in have]
-    return swe.expert_trajectories([instance], env_client, variants=missing,
-                                   agent_config=agent_config, seed=seed, experiment=experiment)
-
-  if todo:
-    _log.info("replay expert: %d instances x %s", len(todo), list(variants))
-    with concurrent.futures.ThreadPoolExecutor(max(1, min(parallel, len(todo)))) as pool:
-      for trajectories in pool.map(run, todo):
-        for t in trajectories:
-          store.append_trajectory(t)
-          have[(t.task_id, t.metadata["expert"]["variant"])] = t
-  wanted = {i.instance_id for i in instances}
-  return [t for (task, variant), t in sorted(have.items())
-          if task in wanted and variant in variants]
 
 
 def load_trajectories(source: str, *, experiments: Sequence[str] = (),
@@ -111,21 +80,26 @@ def trajectory_sequences(trajectory: data.Trajectory, tokenizer, store=None) -> 
                                           session_id=trajectory.trajectory_id)
 
 
+def count_actions(messages) -> int:
+  """T, a trajectory's number of actions: its assistant messages (one per model call)."""
+  return sum(1 for m in messages if m.get("role") == "assistant")
+
+
 def credit_sequences(trajectories: Sequence[data.Trajectory], *, tokenizer, annotator,
                      mode: str = "credit", eps: float = 0.05, max_tokens: int = 65536,
-                     instances: Optional[dict] = None, store=None,
+                     tasks: Optional[dict] = None, store=None,
                      parser: str = "hermes") -> SFTData:
   """Credit-assignment SFT sequences (module docstring).
 
   Args:
     trajectories: evaluated trajectories.
     tokenizer: the student's tokenizer.
-    annotator: EvidenceAnnotator or LLMAnnotator (used for unresolved trajectories, and for
-      resolved ones to report their rise segments).
+    annotator: the domain's `Annotator` (used for unresolved trajectories, and for resolved
+      ones to report their rise segments).
     mode: "credit" or "resolved_only".
     eps: rise threshold.
     max_tokens: the context; longer trajectories are dropped.
-    instances: {instance_id: SWEInstance} given to the annotator.
+    tasks: {task id: task} given to the annotator.
     store: where recorded model calls live (for trajectories with a session id).
     parser: tool-call parser for the unparsable-action filter.
   Raises:
@@ -133,7 +107,7 @@ def credit_sequences(trajectories: Sequence[data.Trajectory], *, tokenizer, anno
   """
   if mode not in SFT_MODES:
     raise ConfigError(f"sft.mode is {mode!r}; expected one of {SFT_MODES}")
-  instances = instances or {}
+  tasks = tasks or {}
   candidates, lengths, undefined, unparsable = [], [], [], []
   for t in trajectories:
     if mode == "resolved_only" and not t.resolved:
@@ -155,12 +129,12 @@ def credit_sequences(trajectories: Sequence[data.Trajectory], *, tokenizer, anno
   for (t, sequences), kept in zip(candidates, keep):
     if not kept:
       continue
-    num_steps = len(read_steps(t.messages))
+    num_steps = count_actions(t.messages)
     if num_steps == 0:
       continue
     resolved = bool(t.resolved)
     stats["resolved"] += resolved
-    annotation = annotator.annotate(t, instances.get(t.task_id))
+    annotation = annotator.annotate(t, tasks.get(t.task_id))
     stats["annotation_fallbacks"] += annotation.source == "evidence_fallback"
     if mode == "resolved_only":
       mask, segments = np.ones(num_steps, bool), []
@@ -182,7 +156,7 @@ def credit_sequences(trajectories: Sequence[data.Trajectory], *, tokenizer, anno
   return SFTData(out, stats)
 
 
-def train_sft(model, sequences: Sequence, sft_config, *, mesh, workdir: str, seed: int = 0,
+def fit_sft(model, sequences: Sequence, sft_config, *, mesh, workdir: str, seed: int = 0,
               progress: bool = True) -> tuple[Any, dict]:
   """Trains `model` on the weighted sequences for sft.epochs epochs; returns (model, metrics).
 
@@ -225,7 +199,3 @@ def train_sft(model, sequences: Sequence, sft_config, *, mesh, workdir: str, see
     last = trainer.fit(batch_for_step)
     return trainer.model(), {**last, "steps": total, "batches": len(batches),
                              **packed.stats.as_dict("packing/")}
-
-
-def make_annotator(config):
-  return swe_annotate.make_annotator(config.annotator)
