@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import textwrap
+from shlex import quote as shlex_quote, split as shlex_split
 
 import hypothesis.strategies as st
 import pytest
@@ -330,3 +331,20 @@ def test_record_rules_by_hand():
   assert failed.findings == [] and "t::z" not in failed.statuses
   doubled = judge_records(SignedReport(1, False, base + end + end), is_test_path=lambda p: True)
   assert sum("records where the recorder writes one" in f for f in doubled.findings) == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",),
+                                               blacklist_characters="\x00"), min_size=1),
+                max_size=4),
+       st.lists(st.sampled_from(["-rA", "-x", "-k", "a and (b or c)", "-p", "no:cacheprovider",
+                                 "--tb=short", "-o", "addopts="]), max_size=6))
+def test_the_command_carries_args_and_targets_exactly(targets, args):
+  command = "python -m pytest " + " ".join(map(shlex_quote, args))
+  assert parse_test_command(command).args == tuple(args)
+  run = trusted_runner.prepare(command, targets, workdir="/w d", timeout_s=5)
+  tokens = shlex_split(run.command)
+  assert tokens[:3] == ["cd", "/w d", "&&"]
+  tail = args + targets
+  assert tokens[len(tokens) - len(tail):] == tail
+  assert tokens[tokens.index("--mode") + 1] == "module"
