@@ -16,6 +16,12 @@ snaps, weights and combines them with R_bin through `rl.rpr_reward` with this ru
   after it, existing tests run after the change, claims that match the last test run. The gold
   patch and FAIL_TO_PASS ids ground R2, R3 and R5 only, as the rubric rules say.
 
+Both name the submission's test-infrastructure edits in their verdict (`screening.review_patch`:
+paths grading refuses or puts back, added code that reaches into the runner), and both hold
+them against R1 and R7: the LLM judge sees them in its prompt; the evidence judge scores R1 and
+R7 zero for a kind grading refuses and lowers them for an edit that changes how the tests run
+(conftest, runner configuration, the hidden test files, the package layout around the tests).
+
 `make_judge(config.judge)` picks one by `kind` ("evidence" or "llm").
 """
 from __future__ import annotations
@@ -30,6 +36,7 @@ from orchard_jax.recipes import ConfigError
 from orchard_jax.recipes.agentic import llm
 from orchard_jax.recipes.agentic.domain import Judgement
 from orchard_jax.recipes.swe.evidence import Evidence, gather_evidence, render_trajectory
+from orchard_jax.tasks.swe import screening
 from orchard_jax.tasks.swe.patches import patch_files
 from orchard_jax.tasks.swe.rubrics import RUBRICS
 
@@ -76,21 +83,29 @@ class EvidenceJudge:
   def judge(self, trajectory, instance) -> Judgement:
     start = time.perf_counter()
     ev = gather_evidence(trajectory.messages)
+    review = screening.review_patch(trajectory.submission or "", instance)
     scores = evidence_scores(ev, trajectory.submission or "", gold_patch=instance.patch,
-                             fail_to_pass=instance.FAIL_TO_PASS)
-    reasoning = "evidence: " + ", ".join(f"{k}={v}" for k, v in ev.summary().items()
-                                         if v not in (None, False, [], 0))
+                             fail_to_pass=instance.FAIL_TO_PASS, review=review)
+    reasoning = infrastructure_verdict(review) + "evidence: " + ", ".join(
+        f"{k}={v}" for k, v in ev.summary().items() if v not in (None, False, [], 0))
     return Judgement(scores, reasoning, "", self.name, time.perf_counter() - start)
 
 
+def infrastructure_verdict(review: screening.Review) -> str:
+  """The verdict's sentence on test-infrastructure edits ("" when there are none)."""
+  return f"test-infrastructure edits: {'; '.join(review.lines)}. " if review.lines else ""
+
+
 def evidence_scores(ev: Evidence, submission: str, *, gold_patch: str = "",
-                    fail_to_pass: Sequence[str] = ()) -> dict[str, float]:
+                    fail_to_pass: Sequence[str] = (),
+                    review: screening.Review | None = None) -> dict[str, float]:
   """The seven rubric scores from a trajectory's evidence (see EvidenceJudge).
 
   Args:
     ev: `gather_evidence(messages)`.
     submission: the submitted patch ("" for none).
     gold_patch, fail_to_pass: the reference fix and hidden test ids; ground R2, R3, R5 only.
+    review: the submission's test-infrastructure edits (R1 and R7).
   Returns:
     {rubric name: score in [0, 1]} for every name in RUBRIC_SET.names.
   """
@@ -142,6 +157,13 @@ def evidence_scores(ev: Evidence, submission: str, *, gold_patch: str = "",
   integrity -= 0.4 * bool(ev.unsupported_claims)
   integrity -= 0.4 * ev.submitted_with_failing_tests
   integrity -= 0.2 * (ev.claims_success and not any(s.runs_tests for s in steps))
+  # R1 and R7: a kind grading refuses is no fix and no honest report; an edit that changes how
+  # the tests run (a conftest, the runner's configuration, the hidden tests) is not part of one.
+  if review is not None and review.tampering:
+    fix = integrity = 0.0
+  elif review is not None and review.runner_edits:
+    fix -= 0.3
+    integrity -= 0.4
   values = (fix, repro, coverage, rigor, disc, guard, integrity)
   return {name: rl.snap_score(min(max(v, 0.0), 1.0))
           for name, v in zip(RUBRIC_SET.names, values)}
@@ -175,7 +197,9 @@ class LLMJudge:
         "fail_to_pass": "\n".join(instance.FAIL_TO_PASS),
         "trajectory": render_trajectory(trajectory.messages,
                                         observation_chars=self.observation_chars),
-        "submission": trajectory.submission or "(no change submitted)"})
+        "submission": trajectory.submission or "(no change submitted)",
+        "test_infrastructure": "\n".join(
+            screening.review_patch(trajectory.submission or "", instance).lines) or "(none)"})
 
   def judge(self, trajectory, instance) -> Judgement:
     start = time.perf_counter()
@@ -184,10 +208,12 @@ class LLMJudge:
                           max_tokens=self.max_tokens) as model:
         reply = model.complete([{"role": "user", "content": self.prompt(trajectory, instance)}])
       scores, reasoning = parse_judge_reply(reply.content)
+      verdict = infrastructure_verdict(screening.review_patch(trajectory.submission or "",
+                                                              instance))
     except Exception as error:  # noqa: BLE001 - any failure is a failed judgement (fallback)
       return Judgement(None, "", f"{type(error).__name__}: {error}", self.name,
                        time.perf_counter() - start)
-    return Judgement(scores, reasoning, "", self.name, time.perf_counter() - start)
+    return Judgement(scores, verdict + reasoning, "", self.name, time.perf_counter() - start)
 
 
 def make_judge(judge_config):

@@ -127,12 +127,12 @@ class TestLayout:
 
   @classmethod
   def of(cls, instance) -> "TestLayout":
-    """The layout of an SWEInstance (its test_patch and test_spec)."""
-    spec = instance.test_spec
+    """The layout of an SWEInstance (its test_patch and test_spec; either may be absent)."""
+    spec = getattr(instance, "test_spec", None)
     directives = tuple(_normal(t.split("::")[0]) for t in (spec.test_files if spec else ()))
     scripts = tuple(runner_scripts(spec.test_cmd)) if spec else ()
-    return cls(tuple(patch_files(instance.test_patch)), tuple(d for d in directives if d),
-               scripts)
+    return cls(tuple(patch_files(getattr(instance, "test_patch", "") or "")),
+               tuple(d for d in directives if d), scripts)
 
   def test_roots(self) -> set[str]:
     """Folders on the way from the root ("") to each test file or directive."""
