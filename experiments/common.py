@@ -241,3 +241,73 @@ def swe_base(preset="tiny"):
   # -> 0.50 -> 0.25 -> 0.62 at 1e-4, 0.38 -> 0.88 -> 0.62 -> 0.88 -> 0.62 at 3e-5.
   c.judge = _endpoint("evidence", prompt="swe_judge.txt", max_workers=4)
   return c
+
+
+# ----------------------------------------------------------------------------- Orchard-Claw recipe
+
+
+def claw_base(preset="tiny"):
+  """Everything the Orchard-Claw recipe reads (orchard_jax/recipes/claw.py), for one preset: the
+  loop's `rl_base(preset)` plus the Claw task sets, the ReAct agent's limits, the services'
+  sandboxes and the optional LLM rubric judge (docs/algorithms.md section 8).
+
+  The published setting (qwen3_5_35b_a3b): GRPO with 8 prompts x group 8, every model call of a
+  rollout trained with its rollout's +-1 reward, a 10-minute wall-clock budget per task, 64
+  sandboxes at a time of 2 vCPU / 2 GiB, about 200 synthetic training tasks, pass@3 / pass^3 on
+  the evaluation set. tiny: the same pipeline sized for 2 CPU cores (a handful of training
+  tasks the tiny policy can memorise by SFT, short episodes).
+  """
+  big = preset != "tiny"
+  c = rl_base(preset)
+  c.name = "claw"
+  c.tasks.update(dict(
+      synth_count=240,               # synthetic training tasks (validated, cached)
+      synth_seed=0,
+      distractor_tools=2 if big else 0,  # tools offered beyond those a solution uses (tiny: 0,
+                                     # which keeps prompts to ~0.5k tiny tokens)
+      train_file="",                 # a task folder / .jsonl to train on instead of synthesising
+      eval_dir="",                   # "" = the 46 hand-written evaluation tasks
+      train_tasks=0 if big else 2,   # RL/SFT training subset (0 = every training task)
+      selection="spread" if big else "shortest"))   # spread, first, shortest
+  c.agent = ml_collections.ConfigDict(dict(
+      harness="react",               # react (built in), codex, claude_code (in the sandbox)
+      step_limit=30 if big else 4,   # model calls per episode
+      wall_time_limit_s=600.0,       # the 10-minute budget per task
+      max_consecutive_format_errors=3 if big else 2, max_tool_calls_per_turn=8,
+      output_limit_chars=8000 if big else 1500, model_timeout_s=600.0))
+  c.sandbox = ml_collections.ConfigDict(dict(   # one per rollout; Orchard Env wants
+      image="host", cpu=2.0 if big else 1.0,     # memory >= 2 x disk + 32Mi
+      memory="2Gi" if big else "512Mi", disk="512Mi" if big else "128Mi", call_timeout_s=30.0))
+  c.rubric_judge = _endpoint("none")  # "llm": judge the tasks' rubric items (url, model, ...)
+  c.rubric_judge.temperature = 0.0
+  c.annotator.kind = "outcome"
+  c.env.max_parallel = 64 if big else 8
+  c.engine.max_seq_len = 65536 if big else 8192   # multi-service evaluation prompts: ~5k
+  c.policy.max_position_embeddings = 262144 if big else 8192
+  c.sampling.max_tokens = 2048 if big else 64   # per turn; a tiny tool call is ~40 tokens
+  c.sft.max_tokens = 65536 if big else 2048
+  c.sft.seq_len = 65536 if big else 2048
+  c.sft.batch_size, c.sft.microbatches = (128, 1) if big else (1, 1)
+  # tiny: the two shortest training trajectories (~1.3k tokens, one row). Measured: 40 epochs
+  # (3 tasks, faster decay) left loss 0.50 and every rollout failing; 100 reached 0.003 and every
+  # rollout passing (zero-std groups, nothing to train); 50 reach ~0.013 with 5/6 first
+  # evaluation attempts passing and mixed RL groups.
+  c.sft.epochs = 5 if big else 50
+  if not big:
+    c.sft.lr, c.sft.end_lr = 3e-3, 1e-3
+  c.sft.mode = "credit"
+  c.rl.iterations = 100 if big else 4
+  c.rl.prompts_per_iteration = 8 if big else 2
+  c.rl.oversample = 2 if big else 0
+  c.rl.bar = ml_collections.ConfigDict(dict(
+      group_size=8 if big else 4, max_rollouts=16 if big else 6, stride=8 if big else 4,
+      positive_fraction=(0.25, 0.75)))
+  c.rl.seq_len = 65536 if big else 2048
+  c.rl.batch_size, c.rl.microbatches = (64, 1) if big else (4, 2)
+  c.rl.parallel_rollouts = 64 if big else 8
+  c.rl.rollout_timeout_s = 660.0     # the 10-minute budget plus the grading
+  c.eval.splits = ("train",)         # the RL job's protocol; claw_eval runs the evaluation set
+  c.eval.k = 3
+  c.eval.max_instances = 0 if big else 3
+  c.eval.baseline = True
+  return c

@@ -9,8 +9,8 @@ Measured in one run (Orchard Env in its own process, local backend, full isolati
 - one tool call through Orchard Env's exposed port (p50), beside the same call answered by the
   services in-process (`LocalWorld`: the service logic alone);
 - every evaluation task x 3 trials played by its scripted reference through the ReAct harness
-  in fresh sandboxes (the environment's share of `claw_eval`, model time excluded), against the
-  issue's 30-minute budget for the whole evaluation.
+  in fresh sandboxes (`recipes.claw.play_scripted`: the environment's share of `claw_eval`,
+  model time excluded), against the issue's 30-minute budget for the whole evaluation.
 """
 import json
 import os
@@ -52,11 +52,10 @@ def _floor(client, repeats):
 def run() -> list:
   import logging
   from orchard_jax.env import SandboxClient, ServiceProcess
-  from orchard_jax.harness.tool_agent import ToolAgent, ToolAgentConfig
-  from orchard_jax.tasks.claw import episode, eval_tasks
+  from orchard_jax.recipes.claw import play_scripted
+  from orchard_jax.tasks.claw import eval_tasks
   from orchard_jax.tasks.claw.local_world import LocalWorld
   from orchard_jax.tasks.claw.services import SERVICES
-  from orchard_jax.tasks.claw.solutions import ScriptedModel
   from orchard_jax.tasks.claw.world import ClawWorld
   logging.getLogger("httpx").setLevel(logging.WARNING)
   print("load before:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
@@ -94,10 +93,7 @@ def run() -> list:
     passed = 0
     for trial in range(3):
       for task in tasks:
-        agent = lambda world, backend, instruction, task=task: ToolAgent(  # noqa: E731
-            ScriptedModel(task.reference), backend,
-            ToolAgentConfig(system_prompt=episode.system_prompt(task))).run(instruction)
-        passed += episode.run_episode(task, client, agent, seed=trial).outcome.passed
+        passed += play_scripted(task, client, seed=trial).outcome.passed
     elapsed = time.perf_counter() - started
     rows.append(common.Row(f"{len(tasks)} eval tasks x 3 trials, scripted ({passed} passed)",
                            "minutes", elapsed / 60, 30.0, "claw_eval budget (issue 21)",

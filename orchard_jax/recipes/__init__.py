@@ -3,6 +3,7 @@
   agentic/   the agentic RL loop, written once for every domain (SFT, RL with BAR / RPR / OPD,
              evaluation, value model, distillation); it imports no domain
   swe/       the SWE domain (`SWEDomain`) and its jobs
+  claw.py    the Claw domain (`ClawDomain`, assistant tasks on sandboxed services) and its jobs
   lm.py      plain language-model SFT on a text corpus
 
 `launch/run.py` reads an experiment config and calls `run_job(config)`, which looks up
@@ -16,6 +17,10 @@ from ml_collections import ConfigDict
 # job name -> "module:function" inside orchard_jax.recipes. One line per job.
 JOBS = {
     "lm.sft": "lm:sft",
+    "claw.tasks": "claw:build_tasks",
+    "claw.sft": "claw:sft",
+    "claw.rl": "claw:train_rl",
+    "claw.evaluate": "claw:evaluate",
     "swe.build_tasks": "swe:build_tasks",
     "swe.evaluate": "swe:evaluate",
     "swe.sft": "swe:sft",

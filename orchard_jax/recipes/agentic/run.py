@@ -68,8 +68,12 @@ class RunContext:
       self.tokenizer = policy.load_tokenizer(config.policy)
       self.mesh = parallel.make_mesh(config.mesh)
       self.tasks = list(domain.load_tasks())
-      self.train_all, self.heldout = split_tasks(self.tasks, config.tasks.heldout_fraction,
-                                                 domain.task_id)
+      # A domain whose tasks come as a training set and an evaluation set says so itself
+      # (`split_tasks(tasks) -> (train, heldout)`); others are split by a hash of the id.
+      own_split = getattr(domain, "split_tasks", None)
+      self.train_all, self.heldout = (own_split(self.tasks) if own_split is not None else
+                                      split_tasks(self.tasks, config.tasks.heldout_fraction,
+                                                  domain.task_id))
       self.store = data.TrajectoryStore(self.store_path)
     except BaseException:
       self._remove_dir_if_empty()
