@@ -30,9 +30,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from orchard_jax.models.attention import dot_product_attention
 from orchard_jax.models.config import ModelConfig, VisionConfig
-from orchard_jax.models.layers import LayerNorm, apply_rope, constant, dtype_of, normal, param
+from orchard_jax.models.layers import LayerNorm, constant, dtype_of, normal, param
 from orchard_jax.models.vision_inputs import ImagePatches
 
 _QUERY_BLOCK = 1024
@@ -80,21 +79,48 @@ class VisionAttention(nnx.Module):
     dt = self.dtype
     x = x.astype(dt)
 
-    def project(name):
+    def project(name):                     # head-major: [images, heads, patches, head_dim]
       w, b = getattr(self, f"{name}_proj"), getattr(self, f"{name}_bias")
-      return jnp.einsum("bpd,dhk->bphk", x, w[...].astype(dt)) + b[...].astype(dt)
+      return (jnp.einsum("bpd,dhk->bhpk", x, w[...].astype(dt))
+              + b[...].astype(dt)[None, :, None, :])
 
-    q = apply_rope(project("q"), cos, sin)
-    k = apply_rope(project("k"), cos, sin)
-    v = project("v")
-    n = x.shape[1]
-    outs = []
-    for start in range(0, n, _QUERY_BLOCK):
-      end = min(n, start + _QUERY_BLOCK)
-      mask = jnp.broadcast_to(valid[:, None, :], (x.shape[0], end - start, n))
-      outs.append(dot_product_attention(q[:, start:end], k, v, mask))
-    o = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
-    return jnp.einsum("bphk,hkd->bpd", o, self.o_proj[...].astype(dt)) + self.o_bias[...].astype(dt)
+    rope = (cos[:, None], sin[:, None])
+    q = _rotate(project("q"), *rope)
+    k = _rotate(project("k"), *rope)
+    o = _bidirectional_attention(q, k, project("v"), valid)
+    return jnp.einsum("bhpk,hkd->bpd", o, self.o_proj[...].astype(dt)) + self.o_bias[...].astype(dt)
+
+
+def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Rotate-half RoPE of x [..., head_dim] by cos/sin [..., head_dim // 2] (float32 math, as
+  layers.apply_rope, in the head-major layout)."""
+  half = cos.shape[-1]
+  x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _bidirectional_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                             valid: jax.Array) -> jax.Array:
+  """Softmax attention of every patch over the valid patches of its image.
+
+  q, k, v: [images, heads, patches, head_dim] (head-major: both products are plain batched
+  matmuls; the position-major layout of the decoder's kernel ran 2.4x slower here on
+  XLA:CPU). Queries go in blocks of _QUERY_BLOCK rows, each rematerialised in the backward
+  pass, so neither pass holds a [patches, patches] score matrix per head. Padding keys get a
+  -1e30 bias (a padding image's rows average uniformly: finite). Returns q's shape.
+  """
+  scale = q.shape[-1] ** -0.5
+  bias = jnp.where(valid, 0.0, -1e30).astype(jnp.float32)[:, None, None, :]
+
+  @jax.checkpoint
+  def block(qb, k, v, bias):
+    scores = jnp.einsum("bhqd,bhkd->bhqk", qb, k, preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(scores * scale + bias, axis=-1).astype(v.dtype)
+    return jnp.einsum("bhqk,bhkd->bhqd", probs, v)
+
+  n = q.shape[2]
+  outs = [block(q[:, :, s:s + _QUERY_BLOCK], k, v, bias) for s in range(0, n, _QUERY_BLOCK)]
+  return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)
 
 
 class VisionBlock(nnx.Module):

@@ -165,10 +165,11 @@ class ChatImages:
     return [data_url(blob) for blob in self.blobs]
 
 
-def resolve_chat_images(messages: Sequence[dict], processor: ImageProcessor
+def resolve_chat_images(messages: Sequence[dict], processor: Optional[ImageProcessor]
                         ) -> tuple[list[dict], Optional[ChatImages]]:
   """A chat's image parts read (data URLs or base64 only: a harness's file paths would name
-  files on the proxy's machine) and named by digest.
+  files on the proxy's machine) and named by digest; with a processor, also each image's
+  token count (0 without one: a text-level upstream renders its own prompt).
 
   Returns:
     (the messages with image parts naming their digests (data.images.with_image_digests),
@@ -183,7 +184,7 @@ def resolve_chat_images(messages: Sequence[dict], processor: ImageProcessor
   for k, source in enumerate(sources):
     try:
       data = image_bytes(source, allow_files=False)
-      counts.append(processor.num_tokens(*image_size(data)))
+      counts.append(processor.num_tokens(*image_size(data)) if processor is not None else 0)
     except ImageError as e:
       raise RequestError(f"image {k} of the messages: {e}") from None
     blobs.append(data)
@@ -248,6 +249,7 @@ class ImageEncoder:
       collections.OrderedDict())
     self._size = 0
     self._lock = threading.Lock()
+    self._inflight: dict[str, threading.Lock] = {}
     self._encode = jax.jit(self._encode_impl)
 
   def _encode_impl(self, params, patches):
@@ -274,6 +276,22 @@ class ImageEncoder:
       hit = self._cache.get(image.digest)
       if hit is not None:
         self._cache.move_to_end(image.digest)
+        return hit
+      # Two schedulers (data parallelism) needing one new image: the second waits for the
+      # first's encoding instead of running the encoder again.
+      pending = self._inflight.setdefault(image.digest, threading.Lock())
+    with pending:
+      try:
+        return self._encode_once(image, processor)
+      finally:
+        with self._lock:
+          self._inflight.pop(image.digest, None)
+
+  def _encode_once(self, image: EngineImage, processor: ImageProcessor
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    with self._lock:
+      hit = self._cache.get(image.digest)
+      if hit is not None:
         return hit
     if image.pixel_values is None:       # evicted since the request was prepared
       image.pixel_values = processor(image.data).pixel_values

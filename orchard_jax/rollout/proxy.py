@@ -883,9 +883,18 @@ class RecordingProxy:
       session.call_index += 1
 
       def record() -> ModelCall:
+        # Images the hosted model was shown are stored once and named by digest, as for a
+        # token-level upstream (text-only records with images can train SFT).
+        messages, images = template_messages(request.messages), None
+        try:
+          messages, images = resolve_chat_images(messages, None)
+        except RequestError:
+          _log.warning("session %s: an image of a text-only call could not be read; its "
+                       "messages are recorded as sent", session.id)
         return ModelCall(
+          images=self._store_images(images),
           session_id=session.id, call_index=call_index,
-          messages=template_messages(request.messages), tools=request.offered_tools(),
+          messages=messages, tools=request.offered_tools(),
           response=choice.get("message"), finish_reason=choice.get("finish_reason"),
           delivered=delivered, text_only=True, model=data.get("model") or self.upstream.model,
           sampling_params={k: v for k, v in body.items()

@@ -264,3 +264,35 @@ def test_chat_with_images_through_the_proxy_is_recorded_and_trains(vl, engine, t
 
 def _one_device():
   return jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("data",))
+
+
+def test_hosted_upstream_chat_with_an_image_is_recorded_by_digest(vl, tmp_path):
+  """A text-level upstream (a hosted teacher) sees the image as sent; the record names it by
+  digest, the store keeps it once, and the record tokenises for SFT with the student's
+  template and the image's token count."""
+  from orchard_jax.rollout import OpenAIUpstream
+  from tests.openai_stub import ChatStub
+
+  shot = _png(64, 48, 50)
+  with ChatStub(lambda request: "a button") as stub, \
+      data.TrajectoryStore(tmp_path / "store") as store:
+    with RecordingProxy(OpenAIUpstream(stub.root + "/v1", "teacher", api_key="k"),
+                        tokenizer=vl["tokenizer"], store=store) as proxy:
+      client = openai.OpenAI(base_url=proxy.session_url("t"), api_key="none", max_retries=0)
+      client.chat.completions.create(model="x", messages=_chat("what is it?", shot))
+      proxy.end_session("t")
+    [record] = store.model_calls("t")
+    assert _url(shot) in json_dumps(stub.requests[0].body)        # the teacher saw the image
+    assert record.text_only and record.images == [image_digest(shot)]
+    assert "base64" not in str(record.messages) and store.get_image(record.images[0]) == shot
+    [sequence] = data.sequences_from_model_calls(
+        [record], mode="sft", tokenizer=vl["tokenizer"],
+        image_tokens=lambda d: vl["processor"](store.get_image(d)).num_tokens)
+  assert sequence.images == (image_digest(shot),)
+  assert int(np.sum(sequence.input_ids == vl["config"].vision.image_token_id)) == (
+      vl["processor"](shot).num_tokens)
+
+
+def json_dumps(value) -> str:
+  import json
+  return json.dumps(value)
