@@ -348,3 +348,20 @@ def test_the_command_carries_args_and_targets_exactly(targets, args):
   tail = args + targets
   assert tokens[len(tokens) - len(tail):] == tail
   assert tokens[tokens.index("--mode") + 1] == "module"
+
+
+def test_framework_changes_from_test_code_are_the_tests_business():
+  base = [{"e": "start"}, {"e": "collected", "count": 0, "canary": None}]
+  end = [{"e": "finish", "exitstatus": 0, "stopped": False}, {"e": "exit", "code": 0}]
+  changes = [{"name": "builtins.input", "change": "rebound", "origin": "tests/test_cli.py"},
+             {"name": "_pytest.python.Function.runtest", "change": "replaced",
+              "origin": "conftest.py"}]
+  framework = {"e": "framework", "stage": "finish", "changed": changes, "count": 2}
+  tests_only = judge_records(SignedReport(0, False, base + [framework] + end),
+                             is_test_path=lambda p: p.startswith("tests/") or p == "conftest.py")
+  assert tests_only.findings == []
+  changes.append({"name": "builtins.AssertionError", "change": "rebound", "origin": ""})
+  bent = judge_records(SignedReport(0, False, base + [framework] + end),
+                       is_test_path=lambda p: p.startswith("tests/") or p == "conftest.py")
+  assert bent.findings == ["the test framework was changed at run time (finish): "
+                           "builtins.AssertionError rebound"]
