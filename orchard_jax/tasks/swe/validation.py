@@ -108,6 +108,21 @@ def judge(instance: SWEInstance, statuses: dict[str, dict[str, str]],
   return report
 
 
+def _statuses(log_dir: str, instance: SWEInstance) -> dict[str, str]:
+  """Per-test statuses of one run: `test_statuses.json`, which the evaluation writes from the
+  trusted runner's signed report; the test log parsed with the instance's log parser only for
+  runs that left no such file (a test command that is not a plain pytest run)."""
+  path = os.path.join(log_dir, "test_statuses.json")
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  path = os.path.join(log_dir, "test_output.txt")
+  if not os.path.exists(path):
+    return {}
+  with open(path, encoding="utf-8", errors="replace") as f:
+    return log_parsers.parse_test_log(f.read(), instance.test_spec.log_parser)
+
+
 def validate(instances: Sequence[SWEInstance],
              sandbox_factory: Callable[[SWEInstance], ContextManager[Sandbox]], *,
              output_dir: str, max_workers: int = 2, progress: bool = True) -> Validation:
@@ -136,12 +151,7 @@ def validate(instances: Sequence[SWEInstance],
           result = evaluation.evaluate_in_sandbox(sandbox, instance, patch, log_dir=log_dir)
       except Exception as e:  # noqa: BLE001 - a sandbox failure is this run's outcome
         result = evaluation.EvalResult(instance.instance_id, grading.ERROR, error=str(e))
-      status = {}
-      log_path = os.path.join(log_dir, "test_output.txt")
-      if os.path.exists(log_path):
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-          status = log_parsers.parse_test_log(f.read(), instance.test_spec.log_parser)
-      return instance.instance_id, name, result.outcome, status
+      return instance.instance_id, name, result.outcome, _statuses(log_dir, instance)
     for instance_id, name, outcome, status in pool.map(run, jobs):
       entry = done.setdefault(instance_id, {"outcomes": {}, "statuses": {}})
       entry["outcomes"][name], entry["statuses"][name] = outcome, status
