@@ -243,3 +243,35 @@ def test_a_dead_spawner_is_replaced_and_its_sandboxes_reported_dead(tmp_path):
     with client.create_sandbox() as fresh:   # and the service keeps working
       assert fresh.exec("echo again").stdout == "again\n"
     assert client.health()["backend"]["spawner_alive"] is True
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_service_connections_send_without_waiting_for_acks(host, tmp_path):
+  """Every connection the service accepts has TCP_NODELAY: a response is two writes (headers,
+  body), and with Nagle's algorithm the second waits for the client's delayed ACK (~40 ms on
+  Linux) on every request. asyncio sets it only on sockets created as IPPROTO_TCP."""
+  import asyncio
+  import socket
+
+  if host == "::1" and not socket.has_ipv6:
+    pytest.skip("no IPv6 on this machine")
+  service = orchard_env.Orchestrator(orchard_env.LocalBackend(state_dir=str(tmp_path)), host=host)
+  try:
+    listening = service.bind()
+  except OSError as e:
+    pytest.skip(f"cannot bind {host}: {e}")
+
+  async def accept_one():
+    seen = asyncio.get_running_loop().create_future()
+
+    def on_connect(reader, writer):
+      sock = writer.get_extra_info("socket")
+      seen.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+      writer.close()
+    server = await asyncio.start_server(on_connect, sock=listening)
+    async with server:
+      _, writer = await asyncio.open_connection(host, service.port)
+      nodelay = await asyncio.wait_for(seen, 10)
+      writer.close()
+    return nodelay
+  assert asyncio.run(accept_one()) != 0

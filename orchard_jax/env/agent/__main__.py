@@ -37,7 +37,9 @@ def main(argv=None):
   os.environ.pop(TOKEN_ENV)
   _not_dumpable()
   sockets = []
-  tcp = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+  # IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets (else ~40 ms per response).
+  tcp = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET,
+                      socket.SOCK_STREAM, socket.IPPROTO_TCP)
   tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   tcp.bind((args.host, args.port))
   sockets.append(tcp)
