@@ -229,6 +229,11 @@ def swe_base(preset="tiny"):
   # top_p 0.95 turns every token with p > 0.95 into greedy decoding (115+ epochs then resolved
   # 12/12, all-resolved groups have zero reward spread). The recorded log-probs are the
   # untempered policy's, like the trainer's, so the first update's ratio is exactly 1.
+  # With agent.harness codex / claude_code, the seed data is the expert's gold plan played
+  # through that harness (recipes/swe/harness.py); these are the plan's steps it plays. Tiny:
+  # the edits only (each played step adds its output to a prompt that starts at 8-16k tokens).
+  c.sft.harness_expert_steps = (("explore", "reproduce", "edit", "verify", "test", "cleanup")
+                                if big else ("edit",))
   c.sft.variants = ("gold", "give_up") if big else ("gold",)  # replay-expert variants
   # (tasks.swe.expert.VARIANTS); tiny: gold only, as each extra trajectory costs a 12 s step
   # per epoch on 2 cores. Tiny SFT: one step per epoch (see the sampling comment above).

@@ -51,6 +51,10 @@ class CLIHarness:
     environment: (base_url, model, limits) -> environment variables of the run.
     command: (executable, task, workdir, limits) -> the shell command that runs it.
     log_globs: shell globs (under PRIVATE_DIR) of the harness's own trajectory files.
+    shell_tool: (command, purpose) -> (tool name, arguments) of a call of the harness's own
+      shell tool that runs `command` (purpose: a short description of why); None for a
+      harness that offers the model no shell function tool (mini-swe-agent reads commands
+      from the text).
   """
   name: str
   wire: str
@@ -58,6 +62,7 @@ class CLIHarness:
   environment: Callable[..., dict[str, str]]
   command: Callable[..., str]
   log_globs: tuple[str, ...]
+  shell_tool: Optional[Callable[[str, str], tuple[str, dict[str, Any]]]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,10 +246,18 @@ def _mini_command(program: str, task: str, workdir: str, limits: HarnessLimits) 
           f"{shlex.quote(task)} </dev/null")
 
 
+def _codex_shell(command: str, purpose: str) -> tuple[str, dict[str, Any]]:
+  return "exec_command", {"cmd": command}
+
+
+def _claude_shell(command: str, purpose: str) -> tuple[str, dict[str, Any]]:
+  return "Bash", {"command": command, "description": purpose}
+
+
 CODEX = CLIHarness("codex", "responses", _codex_setup, _codex_environment, _codex_command,
-                   ("codex/sessions/*/*/*/*.jsonl",))
+                   ("codex/sessions/*/*/*/*.jsonl",), _codex_shell)
 CLAUDE_CODE = CLIHarness("claude_code", "messages", _claude_setup, _claude_environment,
-                         _claude_command, ("claude/projects/*/*.jsonl",))
+                         _claude_command, ("claude/projects/*/*.jsonl",), _claude_shell)
 MINI_SWE_AGENT = CLIHarness("mini_swe_agent", "chat_completions", _mini_setup,
                             _mini_environment, _mini_command, ("mini/*.traj.json",))
 CLI_HARNESSES = {h.name: h for h in (CODEX, CLAUDE_CODE, MINI_SWE_AGENT)}

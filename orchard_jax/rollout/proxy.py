@@ -550,7 +550,7 @@ class RecordingProxy:
                                      upstream=partials),
                        streamed=True)
       if self.upstream.text_only:
-        data, commit = await self._text_only_call(session, request)
+        data, commit = await self._text_only_call(session, request, wire.name)
         response = self._text_only_response(wire, wire_request, request, data)
       else:
         chat, commit = await self._token_call(session, request, wire.name)
@@ -867,10 +867,11 @@ class RecordingProxy:
     self._record(session.id, record)
     self._wake_writer()
 
-  async def _text_only_call(self, session: _Session, request: ChatCompletionRequest
+  async def _text_only_call(self, session: _Session, request: ChatCompletionRequest,
+                            wire: str = CHAT.name
                             ) -> tuple[dict[str, Any], Callable[[bool], None]]:
     """One chat completion through a text-level upstream: the response body, and the function
-    that records the call (text-only) once delivery is known."""
+    that records the call (text-only, with the wire it came on) once delivery is known."""
     started_at, t0 = time.time(), time.perf_counter()
     body = request.model_dump(exclude_unset=True)
     body.pop("stream", None)
@@ -900,7 +901,8 @@ class RecordingProxy:
           sampling_params={k: v for k, v in body.items()
                            if k not in ("messages", "tools", "model", "tool_choice")},
           started_at=started_at, finished_at=finished_at,
-          metadata={"timing_s": {"total": total},
+          metadata={"timing_s": {"total": total}, "wire": wire,
+                    "stream": bool(request.stream),
                     "upstream": self.upstream.description, "usage": data.get("usage")})
 
       self._record(session.id, record, reserved=True)

@@ -248,5 +248,28 @@ class SWEDomain:
   def seed_trajectories(self, run, tasks, env) -> list[data.Trajectory]:
     """The replay expert's sft.variants on `tasks`, executed and graded once, then read from
     the run's store. Its agent config is the rollouts' (same prompts and observation limits, so
-    SFT data looks like what the policy sees), with room for the whole plan."""
-    return self._expert(run, tasks, env, variants=tuple(self.config.sft.variants))
+    SFT data looks like what the policy sees), with room for the whole plan.
+
+    With an external harness with a shell tool (codex, claude_code), the expert's gold plan
+    (its sft.harness_expert_steps) is played through that harness instead, so SFT teaches the
+    format the rollouts will see: the harness's system prompt, tools and shell tool
+    (harness.harness_expert_trajectory)."""
+    c = self.config
+    name = str(c.agent.get("harness", "bash"))
+    if name not in ("codex", "claude_code"):
+      return self._expert(run, tasks, env, variants=tuple(c.sft.variants))
+    experiment = f"{c.name}-expert-{name}"
+    have = {t.task_id: t for t in run.store.trajectories(experiment=experiment)}
+    agent = dataclasses.replace(self.agent_config(), step_limit=max(int(c.agent.step_limit), 50))
+    steps = tuple(c.sft.get("harness_expert_steps", ("edit",)))
+    out = []
+    for task in tasks:
+      if task.instance_id not in have:
+        _log.info("replay expert through %s: %s", name, task.instance_id)
+        trajectory = harness_lib.harness_expert_trajectory(
+            task, env, run.store, harness=name, agent=agent, steps=steps, experiment=experiment,
+            seed=int(c.seed))
+        run.store.append_trajectory(trajectory)
+        have[task.instance_id] = trajectory
+      out.append(have[task.instance_id])
+    return out

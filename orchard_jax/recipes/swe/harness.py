@@ -15,15 +15,18 @@ submission is) is graded exactly as the built-in agent's patch, and its own logs
 trajectory files are written beside the rollout's evaluation logs (`<log_dir>/harness/`).
 
 The CLIs' first prompts are 8-16k tokens (their system prompts and tool schemas), so
-`check_harness_config` raises the embedded engine's context and the RL sequence length to
-`CLI_CONTEXT_TOKENS` when they are smaller, saying so.
+`check_harness_config` raises the embedded engine's context and the SFT and RL sequence
+lengths to `CLI_CONTEXT_TOKENS` when they are smaller, saying so.
+
+SFT seed data for such a harness is the replay expert's gold plan played through the harness
+itself (`harness_expert_trajectory`): the policy learns the harness's format before RL.
 """
 from __future__ import annotations
 
 import logging
 import os
 import urllib.parse
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ml_collections import ConfigDict
 
@@ -53,7 +56,8 @@ def check_harness_config(config: ConfigDict) -> None:
       install.executable(name)
     except HarnessError as e:
       raise ConfigError(f"agent.harness={name}: {e}") from None
-    for block, field in (("engine", "max_seq_len"), ("rl", "seq_len")):
+    for block, field in (("engine", "max_seq_len"), ("rl", "seq_len"), ("sft", "max_tokens"),
+                         ("sft", "seq_len")):
       if block in config and int(config[block][field]) < CLI_CONTEXT_TOKENS and not (
           block == "engine" and str(config.engine.urls).strip()):
         print(f"agent.harness={name}: {block}.{field} raised from {config[block][field]} to "
@@ -70,7 +74,8 @@ def proxy_origin(base_url: str) -> str:
 def run_cli_episode(instance, client, base_url: str, *, harness: str, model: str,
                     agent: Any, session_id: Optional[str], attempt: int,
                     sampling: Optional[Mapping] = None, evaluate_patch: bool = True,
-                    log_dir: Optional[str] = None):
+                    log_dir: Optional[str] = None,
+                    before_run: Optional[Callable[[Any], None]] = None):
   """One rollout of an external harness on `instance`: the harness in a fresh sandbox of the
   instance's image (egress: the proxy only), its workspace diff graded in another.
 
@@ -85,6 +90,8 @@ def run_cli_episode(instance, client, base_url: str, *, harness: str, model: str
     sampling: the rollout's sampling settings (max_tokens bounds one call's output).
     evaluate_patch: grade the diff.
     log_dir: the rollout's log folder; the harness's logs go to `<log_dir>/harness/`.
+    before_run: called with the `tasks.swe` Sandbox once its workspace is ready, before the
+      harness starts (the scripted expert reads the files it will edit there).
   Returns:
     A `data.Trajectory` (exit_status Submitted / HarnessFailed / TimeExceeded; submission is
     the diff; metadata names the harness, its exit code and its log files).
@@ -104,6 +111,8 @@ def run_cli_episode(instance, client, base_url: str, *, harness: str, model: str
     if ready.exit_code != 0:
       raise evaluation.EvaluationError(
           f"{instance.instance_id}: workspace setup failed: {ready.output[-500:]}")
+    if before_run is not None:
+      before_run(sandbox)
     box = sandbox.box
     run = run_cli_harness(cli, box, instance.problem_statement,
                           base_url=box.egress_url(base_url), workdir=workdir, model=model,
@@ -127,6 +136,71 @@ def run_cli_episode(instance, client, base_url: str, *, harness: str, model: str
   return trajectory
 
 
+def harness_expert_trajectory(instance, client, store, *, harness: str, agent: Any,
+                              steps: Sequence[str], experiment: Optional[str] = None,
+                              seed: int = 0, log_dir: Optional[str] = None):
+  """The replay expert's gold plan played through an external harness, recorded and graded:
+  SFT seed data in the harness's own format (its system prompt, tools and shell tool).
+
+  The harness runs in the instance's sandbox as a rollout does, against a recording proxy
+  whose upstream is `harness.scripted_model.ScriptedHarnessModel`: each model call is
+  answered with the plan's next step (`tasks.swe.expert.plan_steps`, variant "gold", only the
+  steps whose kind is in `steps`; the bash agent's submit step is the harness's final
+  answer), run by the harness's own shell tool. The calls are recorded in `store` under the
+  trajectory's session (text-only records: SFT tokenises them with the policy's template).
+
+  Args:
+    instance: an SWE instance with a test_spec.
+    client: an Orchard Env SandboxClient.
+    store: the run's `data.TrajectoryStore`.
+    harness: "codex" or "claude_code" (a harness with a shell function tool).
+    agent: the harness.AgentConfig (its limits bound the run).
+    steps: the plan's step kinds to play (`tasks.swe.expert`: explore, reproduce, edit,
+      verify, test, cleanup).
+    experiment: stored on the trajectory.
+    seed: varies the plan's wording.
+    log_dir: the harness's logs and the grading's go there.
+  Returns:
+    A graded `data.Trajectory` with the recorded conversation as its messages and
+    metadata["expert"] = {"variant": "gold", "harness": ..., "step_kinds": [...]}.
+  Raises:
+    HarnessError: the harness offers no shell tool to script.
+  """
+  import uuid
+
+  from orchard_jax.harness.cli_harness import get_cli_harness
+  from orchard_jax.harness.scripted_model import ScriptedHarnessModel, ScriptStep
+  from orchard_jax.rollout import RecordingProxy
+  from orchard_jax.tasks.swe import expert
+
+  model = ScriptedHarnessModel(get_cli_harness(harness), final_answer="The fix is in place.")
+  kinds: list[str] = []
+
+  def plan(sandbox) -> None:
+    planned = expert.plan_steps(instance, "gold", base_text=expert.gold_file_texts(
+        sandbox, instance), seed=seed)
+    chosen = [s for s in planned if s.kind in tuple(steps) and s.kind != "submit"]
+    model.steps = [ScriptStep(s.thought, s.command) for s in chosen]
+    kinds[:] = [s.kind for s in chosen]
+
+  session = f"{instance.instance_id}-expert-{harness}-{uuid.uuid4().hex[:6]}"
+  with RecordingProxy(model, store=store, served_model_name=model.model,
+                      freeze_gc=False) as proxy:
+    trajectory = run_cli_episode(instance, client, proxy.session_url(session), harness=harness,
+                                 model=model.model, agent=agent, session_id=session, attempt=0,
+                                 log_dir=log_dir, before_run=plan)
+    proxy.end_session(session)
+  calls = [c for c in store.model_calls(session) if c.delivered]
+  if calls:
+    trajectory.messages = list(calls[-1].messages) + (
+        [calls[-1].response] if calls[-1].response else [])
+    trajectory.tools = calls[-1].tools
+  trajectory.trajectory_id = session
+  trajectory.experiment = experiment
+  trajectory.metadata["expert"] = {"variant": "gold", "harness": harness, "step_kinds": kinds}
+  return trajectory
+
+
 def _write_logs(logs: Mapping[str, str], log_dir: Optional[str]) -> list[str]:
   """Writes the harness's logs under `<log_dir>/harness/`; returns their paths."""
   if not log_dir:
@@ -142,5 +216,5 @@ def _write_logs(logs: Mapping[str, str], log_dir: Optional[str]) -> list[str]:
   return paths
 
 
-__all__ = ["CLI_CONTEXT_TOKENS", "HARNESSES", "check_harness_config", "proxy_origin",
-           "run_cli_episode"]
+__all__ = ["CLI_CONTEXT_TOKENS", "HARNESSES", "check_harness_config",
+           "harness_expert_trajectory", "proxy_origin", "run_cli_episode"]

@@ -449,6 +449,16 @@ def _evidence(result: AgentResult, kinds: list[str]) -> tuple[list[dict], list[i
   return evidence, flips
 
 
+def gold_file_texts(sandbox, instance) -> dict[str, str]:
+  """{path: text} of the files the gold patch edits, read in `sandbox` (a `tasks.swe` Sandbox
+  whose workspace is at the instance's base commit): what `plan_steps` needs."""
+  texts: dict[str, str] = {}
+  for hunk in _hunks(instance.patch):
+    if hunk.file not in texts:
+      texts[hunk.file] = sandbox.run(f"cat {shlex.quote(hunk.file)}", timeout_s=30).output
+  return texts
+
+
 def run_expert(instance, variant: str, *, sandbox_factory: Callable[..., ContextManager],
                evaluate: Callable | None = None, config: AgentConfig = AgentConfig(),
                seed: int = 0) -> ExpertRun:
@@ -472,12 +482,7 @@ def run_expert(instance, variant: str, *, sandbox_factory: Callable[..., Context
     ready = sandbox.run(setup_script(instance, workdir=workdir), timeout_s=300)
     if ready.exit_code != 0:
       raise HarnessError(f"{instance.instance_id}: workspace setup failed: {ready.output[-500:]}")
-    base_text = {}
-    for hunk in _hunks(instance.patch):
-      if hunk.file not in base_text:
-        shown = sandbox.run(f"cat {shlex.quote(hunk.file)}", timeout_s=30)
-        base_text[hunk.file] = shown.output
-    steps = plan_steps(instance, variant, base_text=base_text, seed=seed)
+    steps = plan_steps(instance, variant, base_text=gold_file_texts(sandbox, instance), seed=seed)
     agent = BashAgent(_ScriptedModel(steps), sandbox, dataclasses.replace(config, workdir=workdir))
     result = agent.run(instance.problem_statement)
   kinds = [s.kind for s in steps]
