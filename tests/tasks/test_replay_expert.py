@@ -56,7 +56,10 @@ def test_plans_per_variant(instance):
   import subprocess
   from orchard_jax.harness.errors import HarnessError
   from orchard_jax.tasks.swe.expert import _hunks
-  repo = instance.test_spec.image + "/repo"
+  # The instance image's workspace seed: a repository holding base_commit alone.
+  from orchard_jax.env.images import default_cache_dir, resolve_image
+  image = resolve_image(instance.test_spec.image, allowed_roots=[default_cache_dir()])
+  repo = image.workspace_seed
   files = sorted({h.file for h in _hunks(instance.patch)})
   base_text = {f: subprocess.run(["git", "show", f"{instance.base_commit}:{f}"], cwd=repo,
                                  capture_output=True, text=True, check=True).stdout
