@@ -155,7 +155,8 @@ def test_a_missing_or_malformed_predictions_file_is_one_line(tmp_path):
   result = _run(["--config", "experiments/swe_eval.py",
                  f"--config.predictions={tmp_path}/preds.jsonl"])
   _one_line_error(result, "config.predictions", "does not exist")
-  # A file that exists but is not JSONL: found once the (one-instance) task set is loaded.
+  # A file that exists but is not JSONL: refused before the dataset is loaded, and before its
+  # instance without a test_spec would be built (cloned by tasks.url_template).
   dataset = tmp_path / "instances.jsonl"
   dataset.write_text(json.dumps({"instance_id": "pkg__pkg-1", "repo": "pkg", "base_commit": "c",
                                  "patch": "", "test_patch": "", "problem_statement": "p",
@@ -163,8 +164,10 @@ def test_a_missing_or_malformed_predictions_file_is_one_line(tmp_path):
   predictions = tmp_path / "preds.jsonl"
   predictions.write_text("{not json\n")
   result = _run(["--config", "experiments/swe_eval.py", f"--config.predictions={predictions}",
-                 f"--config.tasks.dataset={dataset}", f"--config.output_dir={tmp_path}/out"])
+                 f"--config.tasks.dataset={dataset}", f"--config.tasks.build_dir={tmp_path}/b",
+                 f"--config.output_dir={tmp_path}/out"])
   _one_line_error(result, "config.predictions", "line 1 is not a JSON object")
+  assert not (tmp_path / "b").exists()    # nothing was built for a malformed file
 
 
 def test_a_missing_tokenizer_is_one_line_naming_the_field(tmp_path):

@@ -3,7 +3,9 @@ CRLF and test-file-clobbering patches, timeouts, partial resolution, predictions
 import dataclasses
 import json
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from orchard_jax.tasks.swe import evaluation, grading
 from orchard_jax.tasks.swe.testbed import open_sandbox
@@ -90,6 +92,31 @@ def test_broken_predictions_file_names_the_line(tmp_path):
   (tmp_path / "preds.json").write_text('{"instance_id": "a"}\n{"instance_id": "b"}\n')
   with pytest.raises(evaluation.EvaluationError, match=r"not valid JSON.*\.jsonl"):
     evaluation.load_predictions(str(tmp_path / "preds.json"), [])
+
+
+@hypothesis.settings(max_examples=150, deadline=None,
+                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.given(content=st.one_of(
+    st.binary(max_size=200),
+    st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                 lambda inner: st.lists(inner, max_size=3)
+                 | st.dictionaries(st.sampled_from(["instance_id", "model_patch", "x"]), inner,
+                                   max_size=3), max_leaves=8).map(
+        lambda v: json.dumps(v).encode())),
+    name=st.sampled_from(["preds.jsonl", "preds.json"]))
+def test_any_predictions_file_reads_as_predictions_or_one_evaluation_error(tmp_path, content,
+                                                                          name):
+  # The format check needs no task set (swe.evaluate runs it before loading or building one):
+  # whatever the file holds, the answer is {instance_id: patch} or EvaluationError, no other
+  # exception.
+  path = tmp_path / name
+  path.write_bytes(content)
+  try:
+    predictions = evaluation.read_predictions_file(str(path))
+  except evaluation.EvaluationError as e:
+    assert str(path) in str(e) and "\n" not in str(e).strip()
+  else:
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in predictions.items())
 
 
 def test_a_prediction_without_model_patch_is_refused_not_graded_as_empty(tmp_path):

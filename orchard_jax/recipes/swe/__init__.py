@@ -70,15 +70,20 @@ def evaluate(config: ConfigDict):
   `evaluate_checkpoint`).
 
   Raises:
-    ConfigError: config.predictions names no file (checked before the task set is loaded), or
-      the file is not a predictions file of this task set.
+    ConfigError: config.predictions names no file or a malformed one (both checked before the
+      task set is loaded or built), or the file is not a predictions file of this task set.
   """
   if config.get("checkpoint"):
     return jobs.evaluate_checkpoint(config, SWEDomain(config))
   checks.check_cluster_settings(config, ("env.url",))
-  if config.predictions not in ("gold", "empty") and not os.path.exists(config.predictions):
-    raise ConfigError(f"config.predictions: expected 'gold', 'empty' or a predictions file; "
-                      f"{config.predictions!r} does not exist")
+  if config.predictions not in ("gold", "empty"):
+    if not os.path.exists(config.predictions):
+      raise ConfigError(f"config.predictions: expected 'gold', 'empty' or a predictions file; "
+                        f"{config.predictions!r} does not exist")
+    try:        # the file's format needs no task set: refused before a dataset build starts
+      evaluation.read_predictions_file(config.predictions)
+    except evaluation.EvaluationError as e:
+      raise ConfigError(f"config.predictions: {e}") from e
   logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per sandbox call otherwise
   instances = load_task_set(config.tasks, progress=bool(config.get("progress", True)))
   try:
@@ -98,8 +103,8 @@ def evaluate(config: ConfigDict):
                         f"(e.g. {absent[0]}); rebuild them or drop test_spec to build anew")
   if missing:                                  # refused before the first sandbox starts
     raise ConfigError(f"tasks.dataset: {len(missing)} instance(s) have no test_spec (e.g. "
-                      f"{missing[:3]}); set tasks.build_environments=True (and tasks.repo_source) "
-                      f"to build their images, see README 'Bring your own dataset'")
+                      f"{missing[:3]}); set tasks.mirrors or tasks.url_template to build their "
+                      f"images, see README 'Bring your own dataset'")
   with sandbox_client(config.env) as client:
     summary = evaluate_patches(instances, predictions, client, output_dir=output_dir,
                                max_workers=int(config.env.max_parallel),

@@ -323,11 +323,30 @@ def load_predictions(source: str, instances: Sequence[SWEInstance]) -> dict[str,
     return {i.instance_id: i.patch for i in instances}
   if source == "empty":
     return {i.instance_id: "" for i in instances}
+  predictions = read_predictions_file(source)
+  known = {i.instance_id for i in instances}
+  if predictions and not set(predictions) & known:
+    raise EvaluationError(f"{source}: none of its {len(predictions)} predictions names an "
+                          f"instance of the task set (e.g. {next(iter(predictions))!r})")
+  return predictions
+
+
+def read_predictions_file(source: str) -> dict[str, str]:
+  """{instance_id: model_patch} of a SWE-bench predictions file, checked for format alone (no
+  task set needed, so a malformed file is refused before any instance is loaded or built).
+
+  Raises:
+    EvaluationError: the file does not exist or is unreadable, is not JSONL / JSON, or a record
+      lacks instance_id / model_patch or has one that is not a string.
+  """
   if not os.path.exists(source):
     raise EvaluationError(f"predictions must be 'gold', 'empty' or a predictions file; "
                           f"{source!r} does not exist")
-  with open(source, encoding="utf-8") as f:
-    text = f.read()
+  try:
+    with open(source, encoding="utf-8") as f:
+      text = f.read()
+  except (OSError, UnicodeDecodeError) as e:   # a folder, no permission, not UTF-8 text
+    raise EvaluationError(f"{source}: cannot be read as a UTF-8 predictions file ({e})") from None
   if source.endswith(".jsonl"):
     records = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -344,11 +363,17 @@ def load_predictions(source: str, instances: Sequence[SWEInstance]) -> dict[str,
     except json.JSONDecodeError as e:
       raise EvaluationError(f"{source}: not valid JSON ({e}); a file of one prediction per "
                             "line should end in .jsonl") from None
+    if not isinstance(data, (dict, list)):
+      raise EvaluationError(f"{source}: expected a JSON list of predictions or an "
+                            f"{{instance_id: prediction}} object; got {type(data).__name__}")
     records = list(data.values()) if isinstance(data, dict) else data
   predictions = {}
   for n, record in enumerate(records):
     if not isinstance(record, dict) or "instance_id" not in record:
       raise EvaluationError(f"{source}: record {n} has no instance_id: {str(record)[:200]}")
+    if not isinstance(record["instance_id"], str) or not record["instance_id"]:
+      raise EvaluationError(f"{source}: record {n} instance_id must be a non-empty string; got "
+                            f"{record['instance_id']!r:.200}")
     if "model_patch" not in record:    # null is SWE-bench's "no patch"; a missing key means
       raise EvaluationError(           # a file of another schema, not empty predictions
         f"{source}: record {n} ({record['instance_id']!r}) has no model_patch (keys: "
@@ -360,10 +385,6 @@ def load_predictions(source: str, instances: Sequence[SWEInstance]) -> dict[str,
     if not isinstance(patch, str):
       raise EvaluationError(f"{source}: record {n} model_patch must be a string")
     predictions[record["instance_id"]] = patch
-  known = {i.instance_id for i in instances}
-  if predictions and not set(predictions) & known:
-    raise EvaluationError(f"{source}: none of its {len(predictions)} predictions names an "
-                          f"instance of the task set (e.g. {next(iter(predictions))!r})")
   return predictions
 
 
