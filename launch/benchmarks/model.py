@@ -20,16 +20,22 @@ seconds per step (all threads): the work done, which stays meaningful when other
 the cores and wall-clock ratios are only provisional. orchard_jax's step is one jitted function computing the loss and
 the gradients of all parameters (the first call, compilation, is excluded like warm-ups).
 
-Roofline rows: the same run measures this machine's float32 matmul peak on a 2048^3 matmul,
-same threads, for torch and for JAX (XLA:CPU's own dot kernel, which every matmul of ours
-runs through), and divides each by the case's model FLOPs per token (`model_flops_per_token`:
-6 x matmul parameters active per token + causal attention and Gated DeltaNet terms, the PaLM
-paper's MFU convention, appendix B). The best of the two is the throughput no implementation
-can exceed in float32 here; the JAX one is what no XLA-compiled implementation of the same
-FLOPs can exceed (a large square matmul is the kernel's best case; a training step's matmuls
-are smaller and come with non-matmul work). Its ratio to transformers is therefore the largest
-ratio reachable by orchard_jax on this machine without hand-written CPU kernels. Each side's
-achieved model TFLOP/s (MFU numerator) is printed beside it.
+Roofline rows (launch/benchmarks/roofline.py): the same run measures this machine's float32
+matmul peak on a 2048^3 matmul, same threads, through torch and through XLA (XLA:CPU's dot
+kernel, which every matmul of ours runs through), and XLA's memory bandwidth (STREAM triad).
+Each case then prints
+- the step's FLOPs and bytes from XLA's cost analysis of the compiled step (every loop body
+  weighted by its trip count), beside the model FLOPs (`model_flops_per_token`: 6 x matmul
+  parameters active per token + causal attention and Gated DeltaNet terms, the PaLM paper's
+  MFU convention, appendix B; recomputation and wasted work not counted);
+- the fraction of the roofline reached with model FLOPs at the XLA peak (model FLOP/s over
+  the XLA matmul peak; the project's target at `small` is >= 0.5): no XLA-compiled
+  implementation of the same model can exceed 1.0 (a large square matmul is the kernel's best
+  case; a training step's matmuls are smaller and come with non-matmul work);
+- the same at torch's peak for both sides (transformers' fraction of its own roofline);
+- the fraction of the roofline of XLA's own step cost, max(FLOPs / peak, bytes / bandwidth)
+  over the step time: how close the compiled program runs to the machine's limit for the work
+  it actually does (what remains is overhead: launch, copies, single-threaded ops).
 """
 import json
 import os
@@ -41,14 +47,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from launch.benchmarks import common  # noqa: E402
+from launch.benchmarks import common, roofline
 
 THREADS = 2
-CASES = (  # (preset, architecture label, batch, seq, warmup, repeats, target ratio)
-    ("tiny", "qwen3_moe", 4, 512, 2, 5, None),
-    ("tiny_qwen3_5", "qwen3_5_moe", 4, 512, 2, 5, None),
-    ("small", "qwen3_moe", 4, 1024, 1, 3, 2.0),
-    ("small_qwen3_5", "qwen3_5_moe", 4, 1024, 1, 3, 2.0),
+CASES = (  # (preset, architecture label, batch, seq, warmup, repeats)
+    ("tiny", "qwen3_moe", 4, 512, 2, 5),
+    ("tiny_qwen3_5", "qwen3_5_moe", 4, 512, 2, 5),
+    ("small", "qwen3_moe", 4, 1024, 1, 3),
+    ("small_qwen3_5", "qwen3_5_moe", 4, 1024, 1, 3),
 )
 
 
@@ -57,32 +63,56 @@ def run() -> list[common.Row]:
   baseline = f"transformers {transformers.__version__} (torch, {THREADS} threads, fp32)"
   rows = []
   peaks = _subprocess("peak", "", 0, 0, 0, 0)
-  peak, jax_peak = max(peaks["torch"], peaks["jax"]), peaks["jax"]
-  for preset, arch, batch, seq, warmup, repeats, target in CASES:
+  machine = roofline.Machine(matmul_flops_per_s=peaks["jax"], bytes_per_s=peaks["bandwidth"])
+  rows.append(common.Row(case="this machine, same run", metric="fp32 matmul peak GFLOP/s "
+                         "(2048^3)", ours=peaks["jax"] / 1e9, baseline=peaks["torch"] / 1e9,
+                         baseline_name=f"torch ({THREADS} threads)"))
+  rows.append(common.Row(case="this machine, same run", metric="memory bandwidth GB/s (STREAM "
+                         "triad through XLA)", ours=peaks["bandwidth"] / 1e9))
+  for preset, arch, batch, seq, warmup, repeats in CASES:
     ours = _subprocess("ours", preset, batch, seq, warmup, repeats)
     theirs = _subprocess("transformers", preset, batch, seq, warmup, repeats)
     case = f"{preset} ({arch}) fwd+bwd {batch}x{seq}"
     rows.append(common.Row(case=case, metric="tokens/s", ours=ours["tokens_per_s"],
-                           baseline=theirs["tokens_per_s"], baseline_name=baseline,
-                           target=target))
+                           baseline=theirs["tokens_per_s"], baseline_name=baseline))
     rows.append(common.Row(case=case, metric="peak RSS GB", ours=ours["peak_rss_gb"],
                            baseline=theirs["peak_rss_gb"], baseline_name=baseline,
-                           higher_is_better=False))
+                           higher_is_better=False, target=1.0 if preset.startswith("small")
+                           else None))
     rows.append(common.Row(case=case, metric="CPU s/step", ours=ours["cpu_s_per_step"],
                            baseline=theirs["cpu_s_per_step"], baseline_name=baseline,
                            higher_is_better=False))
-    flops = model_flops_per_token(_config(preset), seq)
-    rows.append(common.Row(case=case, metric="model TFLOP/s", ours=ours["tokens_per_s"] * flops
-                           / 1e12, baseline=theirs["tokens_per_s"] * flops / 1e12,
-                           baseline_name=baseline))
-    rows.append(common.Row(case=case, metric=f"tokens/s at fp32 peak ({peak / 1e9:.0f} GF/s)",
-                           ours=peak / flops, baseline=theirs["tokens_per_s"],
-                           baseline_name=baseline + " (achieved)"))
-    rows.append(common.Row(case=case,
-                           metric=f"tokens/s at XLA:CPU matmul peak ({jax_peak / 1e9:.0f} GF/s)",
-                           ours=jax_peak / flops, baseline=theirs["tokens_per_s"],
-                           baseline_name=baseline + " (achieved)"))
+    rows.extend(roofline_rows(case, _config(preset), batch, seq, ours, theirs, peaks, machine,
+                              baseline))
   return rows
+
+
+def roofline_rows(case: str, config, batch: int, seq: int, ours: dict, theirs: dict,
+                  peaks: dict, machine: roofline.Machine, baseline: str) -> list[common.Row]:
+  """The case's place under this machine's roofline (module docstring, "Roofline rows")."""
+  flops = model_flops_per_token(config, seq)
+  step_s = batch * seq / ours["tokens_per_s"]
+  cost = roofline.Cost(flops=ours["xla_flops"], bytes_accessed=ours["xla_bytes"],
+                       unknown_trip_loops=ours["unknown_trip_loops"])
+  unknown = f", {cost.unknown_trip_loops} loops counted once" if cost.unknown_trip_loops else ""
+  return [
+      common.Row(case=case, metric="step GFLOP: XLA cost analysis" + unknown,
+                 ours=cost.flops / 1e9, baseline=flops * batch * seq / 1e9,
+                 baseline_name="model FLOPs (6 x active params + attention / DeltaNet)",
+                 higher_is_better=False),
+      common.Row(case=case, metric="step GB accessed: XLA cost analysis",
+                 ours=cost.bytes_accessed / 1e9),
+      common.Row(case=case, metric="fraction of roofline at XLA:CPU peak (model FLOPs)",
+                 ours=ours["tokens_per_s"] * flops / peaks["jax"], baseline=1.0,
+                 baseline_name="the roofline", target=0.5 if case.startswith("small") else None),
+      common.Row(case=case, metric="fraction of roofline at torch's peak (model FLOPs)",
+                 ours=ours["tokens_per_s"] * flops / peaks["torch"],
+                 baseline=theirs["tokens_per_s"] * flops / peaks["torch"],
+                 baseline_name=baseline + " (its own)"),
+      common.Row(case=case, metric=f"fraction of roofline of XLA's step cost "
+                 f"({machine.bound(cost)}-bound)", ours=machine.fraction(cost, step_s),
+                 baseline=1.0, baseline_name="the roofline"),
+  ]
 
 
 def model_flops_per_token(config, seq: int) -> float:
@@ -166,20 +196,17 @@ def _time(step, warmup: int, repeats: int) -> tuple[float, float]:
 
 
 def _worker_peak(*_) -> dict:
-  """Float32 matmul FLOP/s of a 2048^3 matmul, THREADS threads: {"torch": ..., "jax": ...}."""
-  import jax
-  import jax.numpy as jnp
+  """This process's limits, THREADS threads: float32 matmul FLOP/s of a 2048^3 matmul through
+  torch and through XLA, and XLA's STREAM-triad memory bandwidth in bytes/s."""
   import numpy as np
   import torch
   torch.set_num_threads(THREADS)
   n = 2048
-  a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
-  ta = torch.from_numpy(a)
-  ja = jnp.asarray(a)
-  matmul = jax.jit(lambda x: x @ x)
+  ta = torch.from_numpy(np.random.default_rng(0).standard_normal((n, n), dtype=np.float32))
   torch_s = min(common.time_calls(lambda: ta @ ta, warmup=2, repeats=8))
-  jax_s = min(common.time_calls(lambda: matmul(ja).block_until_ready(), warmup=2, repeats=8))
-  return {"torch": 2 * n ** 3 / torch_s, "jax": 2 * n ** 3 / jax_s}
+  machine = roofline.measure_machine(matmul_n=n)
+  return {"torch": 2 * n ** 3 / torch_s, "jax": machine.matmul_flops_per_s,
+          "bandwidth": machine.bytes_per_s}
 
 
 def _worker_ours(preset: str, batch: int, seq: int, warmup: int, repeats: int) -> dict:
@@ -199,11 +226,12 @@ def _worker_ours(preset: str, batch: int, seq: int, warmup: int, repeats: int) -
     loss, _ = models.next_token_loss(nnx.merge(graphdef, params), ids, positions, segments)
     return loss
 
-  step = jax.jit(jax.value_and_grad(loss_fn))
-  jax.block_until_ready(step(params))        # compile
+  step = jax.jit(jax.value_and_grad(loss_fn)).lower(params).compile()
+  cost = roofline.compiled_cost(step)
   median, cpu = _time(lambda: jax.block_until_ready(step(params)), warmup, repeats)
   return {"tokens_per_s": batch * seq / median, "peak_rss_gb": _peak_rss_gb(),
-          "cpu_s_per_step": cpu}
+          "cpu_s_per_step": cpu, "xla_flops": cost.flops, "xla_bytes": cost.bytes_accessed,
+          "unknown_trip_loops": cost.unknown_trip_loops}
 
 
 def _worker_transformers(preset: str, batch: int, seq: int, warmup: int, repeats: int) -> dict:

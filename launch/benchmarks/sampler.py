@@ -11,6 +11,14 @@ of 1 runs on one of them), the configuration the engine's docstring recommends f
 2 or more cores; one more row gives the engine with one scheduler of 8 rows (no target).
 The engine's prefix cache is off: every repeat sends the same prompts, which it
 would otherwise not prefill again (transformers prefills them every time).
+
+Roofline rows (launch/benchmarks/roofline.py): the same run measures XLA's float32 matmul peak
+and memory bandwidth, and XLA's cost analysis gives the FLOPs and bytes of the work one call
+does at each batch: one prefill of the batch's prompts plus `_NEW` decode steps over a cache of
+`_PROMPT + _NEW` positions, with the MoE dispatch the engine picks for decode steps. The
+roofline time of the call is max(FLOPs / peak, bytes / bandwidth) summed over those programs;
+the fraction printed is that time over the measured one (sampling, scheduling and the host
+loop count against it, as they do for a user).
 """
 from __future__ import annotations
 
@@ -18,7 +26,7 @@ import statistics
 
 import numpy as np
 
-from launch.benchmarks import common
+from launch.benchmarks import common, roofline
 
 _PROMPT, _NEW, _REPEATS = 128, 128, 3
 _BATCHES = (1, 8)
@@ -81,9 +89,43 @@ def _transformers(prompts: dict[int, np.ndarray]) -> tuple[dict[int, float], str
   return results, f"transformers {transformers.__version__} (torch {torch.__version__}, 2 threads)"
 
 
+def call_costs(batch: int) -> tuple[roofline.Cost, roofline.Cost]:
+  """XLA's cost of the prefill of `batch` prompts and of one decode step of `batch` rows
+  (tiny preset, the engine's decode MoE dispatch, a cache of _PROMPT + _NEW positions)."""
+  import dataclasses
+
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from orchard_jax.models import CausalLM, get_preset
+  from orchard_jax.rollout.engine import _decode_dispatch
+
+  config = get_preset("tiny")
+  graphdef, state = nnx.split(CausalLM(config, rngs=nnx.Rngs(0)))
+  decode = _decode_dispatch("auto", config)
+  decode_graphdef = graphdef if decode is None else nnx.split(CausalLM(
+      dataclasses.replace(config, moe_dispatch=decode), rngs=nnx.Rngs(0)))[0]
+  cache = nnx.merge(graphdef, state).init_cache(batch, _PROMPT + _NEW)
+
+  def forward(graph):
+    def fn(state, cache, ids, positions):       # as rollout.runner: logits of the last column
+      model = nnx.merge(graph, state)
+      hidden, _, cache = model.model(ids, positions, jnp.ones_like(ids), cache=cache)
+      return model.logits(hidden[:, -1]), cache
+    return fn
+
+  prompt = jnp.zeros((batch, _PROMPT), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(_PROMPT, dtype=jnp.int32), (batch, _PROMPT))
+  prefill = roofline.program_cost(forward(graphdef), state, cache, prompt, positions)
+  step = roofline.program_cost(forward(decode_graphdef), state, cache, prompt[:, :1],
+                               positions[:, -1:])
+  return prefill, step
+
+
 def run() -> list[common.Row]:
   rng = np.random.default_rng(0)
   prompts = {b: rng.integers(10, 8000, size=(b, _PROMPT)) for b in _BATCHES}
+  machine = roofline.measure_machine()
   theirs, name = _transformers(prompts)
   ours, compiles = _ours(prompts, _DATA_PARALLEL, _BATCHES)
   single, _ = _ours(prompts, 1, (8,))
@@ -97,6 +139,24 @@ def run() -> list[common.Row]:
   rows.append(common.Row(
     case=case.format(8) + " (engine: one scheduler of 8 rows)", metric="new tokens/s",
     ours=single[8], baseline=theirs[8], baseline_name=name, higher_is_better=True))
+  rows.append(common.Row(case="this machine, same run", metric="fp32 matmul peak GFLOP/s "
+                         "(XLA, 2048^3)", ours=machine.matmul_flops_per_s / 1e9))
+  rows.append(common.Row(case="this machine, same run", metric="memory bandwidth GB/s (STREAM "
+                         "triad through XLA)", ours=machine.bytes_per_s / 1e9))
+  for batch in _BATCHES:
+    prefill, step = call_costs(batch)
+    seconds = machine.seconds(prefill) + _NEW * machine.seconds(step)
+    call = case.format(batch)
+    rows.append(common.Row(case=call, metric="decode step MFLOP (XLA cost analysis)",
+                           ours=step.flops / 1e6))
+    rows.append(common.Row(case=call, metric="decode step MB accessed (XLA cost analysis; "
+                           f"the step is {machine.bound(step)}-bound)",
+                           ours=step.bytes_accessed / 1e6))
+    rows.append(common.Row(case=call, metric="roofline new tokens/s (prefill + decode steps)",
+                           ours=batch * _NEW / seconds))
+    rows.append(common.Row(case=call, metric="fraction of roofline reached",
+                           ours=ours[batch] * seconds / (batch * _NEW), baseline=1.0,
+                           baseline_name="the roofline"))
   rows.append(common.Row(case="engine compilations for both batch sizes (buckets 1, 8 over "
                               f"{_DATA_PARALLEL} schedulers: 1, {8 // _DATA_PARALLEL} each)",
                          metric="count", ours=float(compiles), higher_is_better=False))

@@ -10,7 +10,11 @@ random token ids:
 - model FLOPs utilisation: training FLOPs per token from the config (6 x active matmul
   parameters incl. the LM head, plus causal attention 6 x layers x heads x head_dim x seq)
   times tokens/s, against the machine's fp32 matmul peak measured in the same run (a jitted
-  2048 x 2048 @ 2048 x 2048 matmul, best of 10). The ratio column of that row is the MFU.
+  2048 x 2048 @ 2048 x 2048 matmul through XLA, best of 8). The ratio column of that row is
+  the MFU.
+- the roofline of the step as compiled (launch/benchmarks/roofline.py): its FLOPs and bytes
+  from XLA's cost analysis (loops weighted by trip count), the same-run memory bandwidth
+  (STREAM triad), and the fraction max(FLOPs / peak, bytes / bandwidth) / step time.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import time
 
 import numpy as np
 
-from launch.benchmarks import common
+from launch.benchmarks import common, roofline
 
 # preset -> (batch, seq, microbatches). The small step accumulates 4 microbatches of one row:
 # in one piece its backward needs ~15 GB of XLA temp memory on CPU (the MoE dispatch and the
@@ -55,16 +59,6 @@ def train_flops_per_token(config, seq_len: int) -> float:
   return 6.0 * matmul_params + attention_flops
 
 
-def _matmul_peak() -> float:
-  import jax
-  import jax.numpy as jnp
-  n = 2048
-  a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
-  matmul = jax.jit(lambda x, y: x @ y)
-  times = common.time_calls(lambda: matmul(a, a).block_until_ready(), warmup=2, repeats=10)
-  return 2.0 * n ** 3 / min(times)
-
-
 def _batch(vocab: int, batch: int, seq: int) -> dict:
   rng = np.random.default_rng(0)
   weights = np.ones((batch, seq), np.float32)
@@ -74,7 +68,8 @@ def _batch(vocab: int, batch: int, seq: int) -> dict:
               segment_ids=np.ones((batch, seq), np.int32), loss_weights=weights)
 
 
-def _ours(preset: str, batch: int, seq: int, microbatches: int) -> float:
+def _ours(preset: str, batch: int, seq: int, microbatches: int
+          ) -> tuple[float, roofline.Cost]:
   import jax
   from flax import nnx
 
@@ -94,14 +89,18 @@ def _ours(preset: str, batch: int, seq: int, microbatches: int) -> float:
                                 shardings=shardings, microbatches=microbatches,
                                 load_balancing_coef=config.router_aux_loss_coef)
   data = _batch(config.vocab_size, batch, seq)
+  with jax.set_mesh(mesh):
+    compiled = step.jitted.lower(state["s"], data).compile()
+  cost = roofline.compiled_cost(compiled)
 
   def one():
-    state["s"], metrics = step(state["s"], data)
+    with jax.set_mesh(mesh):
+      state["s"], metrics = compiled(state["s"], data)
     jax.block_until_ready(metrics["loss"])
 
   times = common.time_calls(one, warmup=_WARMUP, repeats=_REPEATS)
   del state, model
-  return batch * seq / statistics.median(times)
+  return batch * seq / statistics.median(times), cost
 
 
 def _transformers(preset: str, batch: int, seq: int) -> tuple[float, str]:
@@ -129,12 +128,14 @@ def _transformers(preset: str, batch: int, seq: int) -> tuple[float, str]:
 def run() -> list[common.Row]:
   from orchard_jax import models
   start = time.perf_counter()
-  peak = _matmul_peak()
-  rows = []
+  machine = roofline.measure_machine()
+  peak = machine.matmul_flops_per_s
+  rows = [common.Row(case="this machine, same run", metric="memory bandwidth GB/s (STREAM "
+                     "triad through XLA)", ours=machine.bytes_per_s / 1e9)]
   for preset, (batch, seq, microbatches) in _SHAPES.items():
     theirs, name = _transformers(preset, batch, seq)
     gc.collect()
-    ours = _ours(preset, batch, seq, microbatches)
+    ours, cost = _ours(preset, batch, seq, microbatches)
     gc.collect()
     case = f"{preset} qwen3_moe train step {batch}x{seq}"
     rows.append(common.Row(case=case, metric="tokens/s (ours: incl. AdamW)", ours=ours,
@@ -142,6 +143,17 @@ def run() -> list[common.Row]:
     flops = train_flops_per_token(models.get_preset(preset), seq)
     rows.append(common.Row(case=case, metric="model GFLOP/s (ratio = MFU)", ours=ours * flops / 1e9,
                            baseline=peak / 1e9, baseline_name="fp32 matmul peak, measured"))
+    unknown = f", {cost.unknown_trip_loops} loops counted once" if cost.unknown_trip_loops else ""
+    rows.append(common.Row(case=case, metric="step GFLOP: XLA cost analysis" + unknown,
+                           ours=cost.flops / 1e9, baseline=flops * batch * seq / 1e9,
+                           baseline_name="model FLOPs (6 x active params + attention)",
+                           higher_is_better=False))
+    rows.append(common.Row(case=case, metric="step GB accessed: XLA cost analysis",
+                           ours=cost.bytes_accessed / 1e9))
+    rows.append(common.Row(case=case, metric="fraction of roofline of XLA's step cost "
+                           f"({machine.bound(cost)}-bound)",
+                           ours=machine.fraction(cost, batch * seq / ours), baseline=1.0,
+                           baseline_name="the roofline"))
   rows.append(common.Row(case="suite wall time", metric="s", ours=time.perf_counter() - start,
                          higher_is_better=False))
   return rows

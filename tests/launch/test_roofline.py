@@ -1,0 +1,62 @@
+"""launch/benchmarks/roofline.py: XLA's cost of a step with every loop counted trip-count times."""
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from launch.benchmarks import roofline
+
+
+def test_a_loop_free_program_costs_what_xla_says():
+  x, w = jnp.ones((64, 96)), jnp.ones((96, 32))
+  def fn(x, w):
+    return jnp.tanh(x @ w).sum(0)
+
+  ours = roofline.program_cost(fn, x, w)
+  xla = jax.jit(fn).lower(x, w).compile().cost_analysis()
+  xla = xla[0] if isinstance(xla, list) else xla
+  assert ours.flops == pytest.approx(xla["flops"])
+  assert ours.bytes_accessed == pytest.approx(xla["bytes accessed"])
+  assert ours.unknown_trip_loops == 0
+
+
+@settings(max_examples=6, deadline=None)
+@given(outer=st.integers(1, 5), inner=st.integers(1, 4), m=st.sampled_from([8, 24]),
+       k=st.sampled_from([16, 40]))
+def test_nested_loops_count_every_trip(outer, inner, m, k):
+  # A scan of `outer` steps around a fori_loop of `inner` matmuls: outer x inner matmuls of
+  # 2 m k k FLOPs each (XLA's own cost_analysis counts each loop body once).
+  x, w = jnp.ones((m, k)), jnp.ones((k, k))
+
+  def fn(x, w):
+    def step(c, _):
+      return jax.lax.fori_loop(0, inner, lambda i, cc: cc @ w, c), None
+    return jax.lax.scan(step, x, None, length=outer)[0]
+
+  cost = roofline.program_cost(fn, x, w)
+  assert cost.flops == pytest.approx(outer * inner * 2 * m * k * k, rel=1e-3)
+  assert cost.unknown_trip_loops == 0
+
+
+def test_a_data_dependent_loop_counts_once_and_is_reported():
+  def fn(x):
+    return jax.lax.while_loop(lambda c: c.sum() < 100.0, lambda c: c * 2.0, x)
+
+  assert roofline.program_cost(fn, jnp.ones((8,))).unknown_trip_loops == 1
+
+
+def test_the_roofline_is_the_slower_of_compute_and_memory():
+  machine = roofline.Machine(matmul_flops_per_s=1e11, bytes_per_s=1e10)
+  compute = roofline.Cost(flops=2e11, bytes_accessed=1e9)      # 2 s of FLOPs, 0.1 s of bytes
+  memory = roofline.Cost(flops=1e9, bytes_accessed=3e10)       # 0.01 s of FLOPs, 3 s of bytes
+  assert machine.seconds(compute) == 2.0 and machine.bound(compute) == "compute"
+  assert machine.seconds(memory) == 3.0 and machine.bound(memory) == "memory"
+  assert machine.fraction(compute, 4.0) == 0.5
+  assert np.isfinite(machine.fraction(memory, 3.0))
