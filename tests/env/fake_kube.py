@@ -88,10 +88,13 @@ class _Pod:
 
 class FakeCluster:
   """The fake API server + kubelet, as a context manager. `api_client()` gives a configured
-  kubernetes.client.ApiClient; `fail_list` makes pod listings answer 500."""
+  kubernetes.client.ApiClient; `fail_list` makes pod listings answer 500. `pod_ports`: ports
+  the stand-in CNI also routes from <pod ip>:<port> to the pod's own loopback (a real CNI
+  routes every port; Orchard Env's exposed ports connect to the pod IP)."""
 
-  def __init__(self, folder: str):
+  def __init__(self, folder: str, pod_ports=()):
     self.folder = folder
+    self.pod_ports = tuple(pod_ports)
     self.objects = {"pods": {}, "networkpolicies": {}, "services": {}}
     self.version = itertools.count(1)
     self.events = []          # (resourceVersion, type, pod dict)
@@ -410,6 +413,10 @@ class FakeCluster:
     port = main["ports"][0]["containerPort"]
     handle.forwarder = await asyncio.start_server(
         lambda r, w: _relay(r, w, handle.folder + "/run/agent.sock"), handle.ip, port)
+    handle.pod_port_servers = []
+    for pod_port in self.pod_ports if child else ():
+      handle.pod_port_servers.append(await asyncio.start_server(
+          lambda r, w, p=pod_port: _relay_into(r, w, child, p), handle.ip, pod_port))
     await self._set_status(pod, phase="Pending", containerStatuses=[
         {"name": "sandbox", "ready": False, "restartCount": 0, "image": main["image"],
          "imageID": "", "state": {"running": {"startedAt": _now()}}}])
@@ -469,6 +476,8 @@ class FakeCluster:
         os.killpg(handle.process.pid, signal.SIGKILL)
     if handle.forwarder is not None:
       handle.forwarder.close()
+    for server in getattr(handle, "pod_port_servers", ()):
+      server.close()
     if handle.relay is not None:
       await handle.relay.close()
     if handle.slirp is not None and handle.slirp.returncode is None:
@@ -530,12 +539,62 @@ def _expand(arg, env):
   return arg
 
 
+def _connect_in(pid, port):
+  """A socket connected to 127.0.0.1:port in the network namespace of `pid` (made by a thread
+  of its own that enters the namespace and leaves it again)."""
+  import ctypes
+  libc = ctypes.CDLL(None, use_errno=True)
+  result = {}
+
+  def run():
+    target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+      if libc.setns(target, 0x40000000) != 0:
+        raise OSError(ctypes.get_errno(), "setns")
+      try:
+        sock = socket.socket()
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", port))
+        sock.setblocking(False)
+        result["sock"] = sock
+      finally:
+        if libc.setns(home, 0x40000000) != 0:
+          os._exit(70)
+    except OSError as e:
+      result["error"] = e
+    finally:
+      os.close(target)
+      os.close(home)
+  thread = threading.Thread(target=run)
+  thread.start()
+  thread.join()
+  if "error" in result:
+    raise result["error"]
+  return result["sock"]
+
+
+async def _relay_into(reader, writer, pid, port):
+  """Relays a connection to <pod ip>:port into the pod's 127.0.0.1:port."""
+  try:
+    sock = await asyncio.to_thread(_connect_in, pid, port)
+    up = await asyncio.open_connection(sock=sock)
+  except OSError:
+    writer.close()
+    return
+  await _pipe_both(reader, writer, *up)
+
+
 async def _relay(reader, writer, unix_path):
   try:
     up_reader, up_writer = await asyncio.open_unix_connection(unix_path)
   except OSError:
     writer.close()
     return
+  await _pipe_both(reader, writer, up_reader, up_writer)
+
+
+async def _pipe_both(reader, writer, up_reader, up_writer):
 
   async def pipe(src, dst):
     try:

@@ -223,8 +223,8 @@ def _text(tool: str, key: str, value: Any, limit: int) -> str:
   if len(value) > limit:
     raise ActionFormatError(f"{tool}: '{key}' may have at most {limit} characters, got "
                             f"{len(value)}")
-  if any(ord(c) < 32 and c not in "\n\t" for c in value) or "\ufffd" in value:
-    raise ActionFormatError(f"{tool}: '{key}' has control characters")
+  if any((ord(c) < 32 and c not in "\n\t") or 0xD800 <= ord(c) <= 0xDFFF for c in value):
+    raise ActionFormatError(f"{tool}: '{key}' has control characters or unpaired surrogates")
   return value
 
 

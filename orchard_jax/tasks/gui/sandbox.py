@@ -62,7 +62,8 @@ class BrowserConfig:
     python: the sandbox's interpreter with Playwright (None: this interpreter for the host
       image, "python3" for a container image).
     image, cpu, memory, disk, pids, ttl_s: the sandbox (Chromium needs ~300 MiB and many
-      threads: keep pids high).
+      threads: keep pids high; None leaves pids to the backend, e.g. a Kubernetes node's
+      podPidsLimit).
     miniwob_dir: the MiniWoB++ html folder as seen inside the sandbox (None: the `miniwob`
       package's, when installed).
     chromium_args: extra Chromium flags.
@@ -85,7 +86,7 @@ class BrowserConfig:
   cpu: float = 1.0
   memory: str = "1536Mi"
   disk: str = "256Mi"
-  pids: int = 1024
+  pids: Optional[int] = 1024
   ttl_s: float = 3600.0
   miniwob_dir: Optional[str] = None
   chromium_args: tuple = ()

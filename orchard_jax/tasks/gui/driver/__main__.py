@@ -31,16 +31,16 @@ def _fail(message: str, code: int = 2) -> None:
   os._exit(code)
 
 
-def _listen(port, what: str) -> socket.socket:
+def _listen(port, what: str, host: str = "127.0.0.1") -> socket.socket:
   if not isinstance(port, int) or not 0 < port < 65536:
     _fail(f"config.{what}: expected a port number, got {port!r}")
   sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
   sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   try:
-    sock.bind(("127.0.0.1", port))
+    sock.bind((host, port))
     sock.listen(64)
   except OSError as e:
-    _fail(f"{what}: cannot listen on 127.0.0.1:{port}: {e.strerror or e}")
+    _fail(f"{what}: cannot listen on {host}:{port}: {e.strerror or e}")
   return sock
 
 
@@ -106,7 +106,11 @@ def start(config: dict) -> None:
     except (ValueError, KeyError, TypeError) as e:
       _fail(f"config.sites.{name}: bad fixtures: {type(e).__name__}: {e}")
   pages_sock = _listen(config.get("pages_port"), "pages_port")
-  control_sock = _listen(config.get("control_port"), "control_port")
+  # The control port on every interface: Orchard Env reaches a Kubernetes pod's exposed port at
+  # the pod's IP (a local sandbox's network namespace has only its loopback). The page server
+  # stays on the loopback: only the sandbox's browser uses it.
+  control_sock = _listen(config.get("control_port"), "control_port",
+                         config.get("control_host") or "0.0.0.0")
   log_path = config.get("log") or "/tmp/orchard-gui-driver.log"
   read_end, write_end = os.pipe()
   if os.fork() > 0:                          # the command: wait for the driver's report

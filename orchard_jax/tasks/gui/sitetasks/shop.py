@@ -52,7 +52,7 @@ class Cheapest(Template):
           if len(matches) >= 2 and prices[0] < prices[1]:
             out.append({"category": category, key: value,
                         "answer": min(matches, key=lambda p: p["price"])["id"]})
-    return out
+    return out[::2]   # every other one: a family of 6 to 7, all checked by the CI tests
 
   def _words(self, p):
     return f"{p.get('colour') or p.get('brand')} {p['category']}"
@@ -143,7 +143,7 @@ class Buy(Template):
 
   def params(self):
     out = []
-    chosen = [101, 202, 302, 402, 502, 602, 106, 305]
+    chosen = [101, 202, 402, 502, 602]
     for i, pid in enumerate(chosen):
       name, address, city = _PEOPLE[i % len(_PEOPLE)]
       out.append({"product": pid, "qty": 1 + i % 3, "shipping": ("standard", "express")[i % 2],
