@@ -23,9 +23,11 @@ as_root() {
 # filter; redis-server: the
 # multi-replica env store; git, patch: inside SWE task sandboxes; mmdebstrap: the Debian root
 # filesystem of SWE task images; skopeo: pushes them to a registry (docker-registry: a local
-# one for the tests).
+# one for the tests); chromium-headless-shell: the browser of GUI rollouts (Playwright launches
+# it through executable_path; `playwright install` is never run), with fonts-dejavu-core so
+# pages render text.
 apt_packages=(bubblewrap slirp4netns libseccomp2 redis-server git patch mmdebstrap skopeo
-              docker-registry)
+              docker-registry chromium-headless-shell fonts-dejavu-core)
 if [[ $skip != *,apt,* ]]; then
   missing=()
   for p in "${apt_packages[@]}"; do
