@@ -70,6 +70,7 @@ class Episode:
     outcome: the grade.
     step_seconds: wall time of each browser action (action, settle, observation).
     seconds: the whole episode (open, agent, grading).
+    startup_s: how long the browser sandbox took to start (set by whoever started it).
   """
   task: GUITask
   instruction: str
@@ -77,6 +78,7 @@ class Episode:
   outcome: Outcome
   step_seconds: list
   seconds: float
+  startup_s: float = 0.0
 
   @property
   def exit_status(self) -> str:
@@ -105,9 +107,15 @@ def open_task(task: GUITask, browser: BrowserSandbox, *, episode_seconds: float
   return task.instruction
 
 
+def sites_of(task: GUITask) -> list:
+  """The local sites a task's browser sandbox serves."""
+  return sorted(task.fixtures) if task.kind != "miniwob" else []
+
+
 def run_episode(task: GUITask, browser: BrowserSandbox, agent: Agent, *,
                 observation: str = "screenshot", judge: Any = None,
-                episode_seconds: float = miniwob.DEFAULT_EPISODE_SECONDS) -> Episode:
+                episode_seconds: float = miniwob.DEFAULT_EPISODE_SECONDS,
+                tool_names: Optional[tuple] = None) -> Episode:
   """Runs and grades one episode (module docstring); never raises for what the browser, the
   agent or the grader did (those are outcomes).
 
@@ -117,7 +125,8 @@ def run_episode(task: GUITask, browser: BrowserSandbox, agent: Agent, *,
       training; tests may reuse one: each episode starts on a fresh browser context and
       re-seeded sites).
     agent: `agent(tools, instruction)` -> run result.
-    observation: BrowserTools' observation mode.
+    observation: BrowserTools' observation mode; tool_names: the tools offered (all 13 by
+      default).
     judge: a `judge.WebJudge` for tasks without a checker (or to judge every task), or None.
   """
   t0 = time.perf_counter()
@@ -127,7 +136,7 @@ def run_episode(task: GUITask, browser: BrowserSandbox, agent: Agent, *,
     return Episode(task, task.instruction, None, aborted(f"opening the task: {e}"), [],
                    time.perf_counter() - t0)
   is_over = (lambda obs: miniwob.is_over(obs.probe)) if task.kind == "miniwob" else None
-  tools = BrowserTools(browser, is_over=is_over, observation=observation)
+  tools = BrowserTools(browser, is_over=is_over, observation=observation, tool_names=tool_names)
   run = agent(tools, instruction)
   outcome = grade(task, browser, run, instruction=instruction, judge=judge)
   return Episode(task, instruction, run, outcome, [s for _, s in tools.steps],

@@ -30,7 +30,8 @@ _FIND = """((css, text, contains, index) => {
   });
   const e = matches[index];
   if (!e) return null;
-  const r = e.getBoundingClientRect();
+  const rects = [...e.getClientRects()].filter(r => r.width > 0 && r.height > 0);
+  const r = rects.length > 1 ? rects[0] : e.getBoundingClientRect();   // a wrapped link: its first line
   return {x: r.left + r.width / 2, y: r.top + r.height / 2, width: r.width, height: r.height,
           top: r.top, bottom: r.bottom, vw: window.innerWidth, vh: window.innerHeight,
           count: matches.length};

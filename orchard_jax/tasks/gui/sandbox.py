@@ -64,8 +64,8 @@ class BrowserConfig:
     image, cpu, memory, disk, pids, ttl_s: the sandbox (Chromium needs ~300 MiB and many
       threads: keep pids high; None leaves pids to the backend, e.g. a Kubernetes node's
       podPidsLimit).
-    miniwob_dir: the MiniWoB++ html folder as seen inside the sandbox (None: the `miniwob`
-      package's, when installed).
+    miniwob_dir: the MiniWoB++ html folder as seen inside the sandbox (None: this machine's
+      `miniwob` package for the host image, else the sandbox Python's own).
     chromium_args: extra Chromium flags.
   """
   viewport: tuple = (1280, 1000)
@@ -278,7 +278,8 @@ class BrowserSandbox:
     self.box.upload(bundle.SANDBOX_PATH, bundle.driver_zipapp())
     config = {"token": self.token, "control_port": CONTROL_PORT, "pages_port": PAGES_PORT,
               "executable": list(c.executable), "sites": self.sites,
-              "miniwob_dir": c.miniwob_dir or default_miniwob_dir(),
+              "miniwob_dir": c.miniwob_dir or (default_miniwob_dir() if c.image == "host"
+                                               else None),
               "log": "/tmp/orchard-gui/driver.log", "chromium_args": list(c.chromium_args),
               "timeouts": {"action_s": c.action_timeout_s, "navigation_s": c.navigation_timeout_s,
                            "screenshot_s": c.screenshot_timeout_s}}

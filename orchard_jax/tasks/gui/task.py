@@ -1,5 +1,6 @@
-"""GUI tasks: MiniWoB++ episodes (seeded pages with their own reward) and local-site tasks
-(instructions with a checker of the site's final state), in one `GUITask` shape.
+"""GUI tasks: MiniWoB++ episodes (seeded pages with their own reward), local-site tasks
+(instructions with a checker of the site's final state), and open tasks (an instruction and a
+start page, judged by a WebJudge-style model: tasks/gui/judge.py), in one `GUITask` shape.
 
 Task ids are stable: "miniwob/<task>/<seed>" and "<site>/<family>/<key>". Families are what
 results are reported by: each MiniWoB++ task is its own family ("miniwob/click-test"), and each
@@ -19,6 +20,7 @@ from orchard_jax.tasks.gui.errors import TaskFormatError
 
 EVAL_SEED_BASE = 1_000_000
 SPLITS = ("train", "eval", "all")
+KINDS = ("miniwob", "site", "open")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +29,7 @@ class GUITask:
 
   Attributes:
     id: stable id (module docstring).
-    kind: "miniwob" or "site".
+    kind: "miniwob", "site" or "open" (no checker: the judge decides).
     family: the family results are reported by ("miniwob/click-test", "shop/cheapest").
     site: "miniwob", or the local site the task runs on ("shop", "mail", "booking").
     start_url: the page the episode opens.
@@ -77,10 +79,48 @@ def task_from_dict(data: dict) -> GUITask:
   if task.kind == "site" and task.family not in sitetasks.TEMPLATES:
     raise TaskFormatError(f"GUI task {task.id!r}: no site family {task.family!r}; families: "
                           f"{sorted(sitetasks.TEMPLATES)}")
-  if task.kind not in ("miniwob", "site"):
-    raise TaskFormatError(f"GUI task {task.id!r}: kind must be miniwob or site, got "
+  if task.kind not in KINDS:
+    raise TaskFormatError(f"GUI task {task.id!r}: kind must be one of {KINDS}, got "
                           f"{task.kind!r}")
+  if task.split not in ("train", "eval"):
+    raise TaskFormatError(f"GUI task {task.id!r}: split must be train or eval, got "
+                          f"{task.split!r}")
   return task
+
+
+def open_tasks(path: str) -> list:
+  """Open tasks from a JSON-lines file, one object a line: {"id", "instruction", "start_url",
+  "sites": [local sites to serve, optional], "split": "train" | "eval", "max_steps"}; they are
+  judged (tasks/gui/judge.py), having no checker.
+
+  Raises:
+    TaskFormatError: a line that is not such an object (naming the line).
+    FileNotFoundError: no such file.
+  """
+  out = []
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError as e:
+        raise TaskFormatError(f"{path}:{number}: not JSON: {e}") from None
+      if not isinstance(record, dict) or not all(isinstance(record.get(k), str) and record[k]
+                                                 for k in ("id", "instruction", "start_url")):
+        raise TaskFormatError(f"{path}:{number}: expected an object with id, instruction and "
+                              "start_url strings")
+      sites = record.get("sites") or []
+      unknown = [s for s in sites if s not in sitetasks.START_URLS]
+      if unknown:
+        raise TaskFormatError(f"{path}:{number}: unknown site(s) {unknown}; sites: "
+                              f"{sorted(sitetasks.START_URLS)}")
+      out.append(task_from_dict(dict(
+          id=f"open/{record['id']}", kind="open", family=f"open/{sites[0] if sites else 'web'}",
+          site=sites[0] if sites else "", start_url=record["start_url"],
+          instruction=record["instruction"], fixtures={s: {} for s in sites},
+          max_steps=int(record.get("max_steps", 30)), split=record.get("split", "eval"))))
+  return out
 
 
 def _split_of(key: str, index: int) -> str:
@@ -152,4 +192,6 @@ def load_tasks(spec: Any) -> list:
   families = spec.get("sites", "all")
   if families:
     out += site_tasks(None if families == "all" else list(families), split=split)
+  if spec.get("open_file"):
+    out += [t for t in open_tasks(spec["open_file"]) if t.split == split]
   return out

@@ -61,17 +61,22 @@ class BrowserTools:
       flag); None: only `done` ends it.
     observation: "screenshot", "a11y" (text-only policies; the sandbox must have a11y on) or
       "both".
+    tool_names: the tools offered (default all 13; a small policy may be offered fewer). A call
+      of a tool not offered is a format error.
   Attributes:
     steps: [(action or None, seconds)] of every call, for the step-time budget.
     format_errors: malformed calls so far.
   """
 
   def __init__(self, browser: BrowserSandbox, *, is_over: Optional[Callable[[Observation], bool]]
-               = None, observation: str = "screenshot"):
+               = None, observation: str = "screenshot", tool_names: Optional[tuple] = None):
     if observation not in OBSERVATION_MODES:
       raise ValueError(f"observation: expected one of {OBSERVATION_MODES}, got {observation!r}")
     self.browser, self.is_over, self.mode = browser, is_over, observation
-    self.tools = _actions.openai_tools()
+    self.offered = tuple(tool_names) if tool_names else _actions.TOOL_NAMES
+    if _actions.DONE not in self.offered:
+      raise ValueError(f"the tools offered must include {_actions.DONE!r}, got {self.offered}")
+    self.tools = _actions.openai_tools(self.offered)
     self.steps: list = []
     self.format_errors = 0
     self.answer: Optional[str] = None
@@ -80,6 +85,9 @@ class BrowserTools:
     """One tool call (never raises: failures are results)."""
     t0 = time.perf_counter()
     try:
+      if name in _actions.TOOL_SPECS and name not in self.offered:
+        raise _actions.ActionFormatError(f"there is no tool named {name!r} here; the tools are "
+                                         f"{', '.join(self.offered)}")
       action = _actions.parse_action(name, arguments)
     except _actions.ActionFormatError as e:
       self.format_errors += 1

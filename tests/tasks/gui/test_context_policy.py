@@ -22,7 +22,7 @@ def message(kind):
 
 def reference(messages, k):
   image_rows = [i for i, m in enumerate(messages) if isinstance(m["content"], list)]
-  keep = set(image_rows[len(image_rows) - k:]) if k else set()
+  keep = set(image_rows[max(len(image_rows) - k, 0):]) if k else set()
   out = []
   for i, m in enumerate(messages):
     if i in image_rows and i not in keep:

@@ -49,9 +49,26 @@ def _host_rules(pages_port: int) -> str:
   return f"MAP *.test 127.0.0.1:{pages_port}"
 
 
+def _miniwob_dir(given):
+  """The MiniWoB++ html folder: as given when it exists here, else the miniwob package's of
+  this sandbox's Python (a container image has its own), else None."""
+  if given and os.path.isdir(given):
+    return given
+  try:
+    import importlib.util
+    spec = importlib.util.find_spec("miniwob")
+  except (ImportError, ValueError):
+    return None
+  if spec is None or not spec.submodule_search_locations:
+    return None
+  folder = os.path.join(list(spec.submodule_search_locations)[0], "html")
+  return folder if os.path.isdir(folder) else None
+
+
 def _run_pages(sock, config) -> None:
   from .pages import PageServer
-  server = PageServer(sock, token=config["token"], miniwob_dir=config.get("miniwob_dir"),
+  server = PageServer(sock, token=config["token"],
+                      miniwob_dir=_miniwob_dir(config.get("miniwob_dir")),
                       sites=config.get("sites") or {})
   server.serve_forever(poll_interval=3600)
 

@@ -265,12 +265,7 @@ class Browser:
                     animations="allow", caret="initial")
       if fmt in ("jpeg", "webp") and shot.get("quality") is not None:
         kwargs["quality"] = int(shot["quality"])
-      try:
-        data = page.screenshot(**kwargs)
-      except Exception as e:  # noqa: BLE001
-        self._check_alive()
-        raise Abort(f"the page stopped responding: no screenshot within "
-                    f"{self.screenshot_timeout_ms / 1000:g} s ({str(e).splitlines()[0]})") from None
+      data = self._screenshot(page, kwargs)
       out.update(screenshot=base64.b64encode(data).decode("ascii"), format=fmt,
                  **_image_size(data, fmt))
     tabs = []
@@ -291,6 +286,22 @@ class Browser:
         out["a11y"] = f"(no accessibility tree: {str(e).splitlines()[0]})"
     out["seconds"] = round(time.perf_counter() - t0, 4)
     return out
+
+  def _screenshot(self, page, kwargs: Dict[str, Any]) -> bytes:
+    """A screenshot; Chromium's transient "Unable to capture screenshot" (no compositor frame
+    yet, e.g. right after a new browser context or a navigation) is retried a few times before
+    the page is declared hung, a time-out is not."""
+    for attempt in range(4):
+      try:
+        return page.screenshot(**kwargs)
+      except Exception as e:  # noqa: BLE001
+        self._check_alive()
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "Timeout" in type(e).__name__ or "Timeout" in text or attempt == 3:
+          raise Abort(f"the page stopped responding: no screenshot within "
+                      f"{self.screenshot_timeout_ms / 1000:g} s ({text})") from None
+        page.wait_for_timeout(100 * (attempt + 1))
+    raise AssertionError("unreachable")
 
   def _probe(self, expression: str) -> Any:
     """The probe on the task's first tab (where the task's page lives), or None."""
