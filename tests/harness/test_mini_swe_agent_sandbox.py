@@ -1,8 +1,18 @@
 """mini-swe-agent (PyPI) run inside a local sandbox by `run_cli_harness`, against the embedded
 engine through the recording proxy: the sandbox reaches the proxy through its egress
-allow-list, the agent's calls are all recorded on the chat-completions wire, each extending the
-last prompt plus its sampled ids, and its own trajectory file comes back. The policy is the
-random small test model, so the agent never acts and stops at its step limit."""
+allow-list, the agent's calls are all recorded on the chat-completions wire, and its own
+trajectory file comes back. The policy is the random small test model, so the agent never acts
+and stops at its step limit.
+
+The records follow what the harness sent, not what a test expects it to send. A call whose
+messages resend the previous call's messages and answer extends that call's prompt plus its
+sampled ids (same segment). mini-swe-agent 2.x does not resend an answer it could not parse (the
+random policy's every answer): it drops that turn from its history and sends a format-error
+user message instead (its trajectory keeps the dropped answer in that message's
+`extra.response`), so the proxy cannot extend the sampled ids and starts a new segment, rendered
+from scratch. (The
+extending path with the real mini-swe-agent, a policy that acts, is tests/rollout/
+test_miniswe.py.)"""
 import dataclasses
 import json
 
@@ -49,5 +59,31 @@ def test_mini_swe_agent_runs_in_the_sandbox_through_the_proxy(tmp_path):
   assert len(records) >= 1 and {r.metadata["wire"] for r in records} == {"chat_completions"}
   assert len(records) == 2   # one call per step, up to its step limit (max_turns)
   for previous, record in zip(records, records[1:]):
-    history = previous.prompt_ids + previous.output_ids
-    assert record.prompt_ids[:len(history)] == history
+    sent, resent = record.messages, previous.messages + [previous.response]
+    if len(sent) > len(resent) and [_turn(m) for m in sent[:len(resent)]] == list(map(
+        _turn, resent)):      # the harness resent what it was given: one token sequence
+      history = previous.prompt_ids + previous.output_ids
+      assert record.prompt_ids[:len(history)] == history
+      assert record.segment_index == previous.segment_index
+    else:                     # the harness changed its history: a new segment, from scratch
+      assert record.segment_index == previous.segment_index + 1
+      assert record.prompt_ids == tokenizer.render_chat(
+          record.messages, record.tools, add_generation_prompt=True)
+  # What mini-swe-agent did here: the unparsable first answer is not in the second call; its
+  # place is a format-error message, and mini's own trajectory names the answer it dropped.
+  first, second = records
+  assert [_turn(m) for m in second.messages[:len(first.messages)]] == list(map(
+      _turn, first.messages))
+  assert [m["role"] for m in second.messages[len(first.messages):]] == ["user"]
+  assert second.segment_index == first.segment_index + 1
+  dropped = [m["extra"]["response"]["choices"][0]["message"] for m in saved["messages"]
+             if m.get("extra", {}).get("interrupt_type") == "FormatError"]
+  assert len(dropped) == 2 and dropped[0]["content"] == first.response["content"]
+  assert not any(m["role"] == "assistant" for m in saved["messages"])
+
+
+def _turn(message: dict) -> tuple:
+  """A message's role, text and tool calls (name, arguments): what a chat template renders."""
+  calls = tuple((c["function"]["name"], c["function"]["arguments"])
+                for c in message.get("tool_calls") or ())
+  return message.get("role"), (message.get("content") or "").strip(), calls
