@@ -9,8 +9,8 @@ full isolation: pid/mount/net/ipc/uts namespaces, cgroups, read-only host image)
   command (docs/peers.md's method: 200 calls after 5 warm-ups),
 - time until 1,000 sandboxes are alive at once and the success rate, beside 1,000 bare
   `bwrap --unshare-all ... sleep` processes started the same way docs/peers.md did,
-- idle memory per sandbox (proportional set size of its processes) and the service's own
-  memory growth per sandbox.
+- idle memory per sandbox (proportional set size of its processes: bubblewrap's, the
+  placeholder's and its fork server's) and the service's own memory growth per sandbox.
 mini-swe-agent and SWE-ReX are installed for the benchmark only (`pip install mini-swe-agent
 swe-rex`); rows for a missing peer are left out with a note.
 """
@@ -91,9 +91,10 @@ def _pss_kb(pid):
   return 0
 
 
-def _sandbox_pids(marker: bytes):
-  """Host pids of sandbox processes: bwrap processes whose argv has `marker`, and their children."""
-  roots = set()
+def _sandbox_pids(service_pid: int):
+  """Host pids of every sandbox process: all descendants of the service's spawner helper
+  (bubblewrap, the sandboxes' own processes, and each sandbox's fork server)."""
+  spawners = set()
   children = {}
   for name in os.listdir("/proc"):
     if not name.isdigit():
@@ -108,10 +109,9 @@ def _sandbox_pids(marker: bytes):
       continue
     ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
     children.setdefault(ppid, []).append(pid)
-    if cmd.startswith(b"bwrap\0") or cmd.startswith(b"/usr/bin/bwrap\0"):
-      if marker in cmd:
-        roots.add(pid)
-  found, todo = set(), list(roots)
+    if ppid == service_pid and b"_spawner.py" in cmd:
+      spawners.add(pid)
+  found, todo = set(), [c for s in spawners for c in children.get(s, [])]
   while todo:
     pid = todo.pop()
     if pid not in found:
@@ -217,7 +217,7 @@ def run() -> list:
     if failures:
       print(f"[env bench] {len(failures)} creations failed, e.g. {failures[0]}", flush=True)
     time.sleep(1.0)
-    pids = _sandbox_pids(b"--hostname\0sbx-")
+    pids = _sandbox_pids(service.process.pid)
     pss_mb = sum(_pss_kb(p) for p in pids) / 1024
     per_sandbox = pss_mb / max(1, len(boxes))
     service_growth = (_rss_kb(service.process.pid) - service_rss_before) / 1024 / max(1, len(boxes))

@@ -275,3 +275,44 @@ def test_service_connections_send_without_waiting_for_acks(host, tmp_path):
       writer.close()
     return nodelay
   assert asyncio.run(accept_one()) != 0
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+  except OSError:
+    return False
+
+
+def test_fork_server_is_outside_the_sandbox_and_ends_with_it(tmp_path):
+  """Each local sandbox's fork server sits in its cgroups but outside its pid namespace (its
+  commands' processes list does not show it), its commands are its children inside that
+  namespace, a sandbox whose fork server died still runs commands (through the helper), and
+  deleting a sandbox ends its fork server."""
+  backend = orchard_env.LocalBackend(state_dir=str(tmp_path / "state"))
+  with orchard_env.Orchestrator(backend) as service, \
+       orchard_env.SandboxClient(service.url, service.api_key) as client:
+    box, spare = client.create_sandbox(), client.create_sandbox()
+    handles = backend._boxes[box.id]
+    server = handles.server_status.pid
+    assert _alive(server)
+    with open(f"/proc/{server}/cgroup") as f:
+      assert box.id in f.read()   # charged to the sandbox: its limits hold for its commands
+    assert os.readlink(f"/proc/{server}/ns/pid") == os.readlink("/proc/self/ns/pid")
+    listed = box.exec("ps -e -o pid=,comm=").stdout.split("\n")
+    assert not any("python" in line for line in listed), listed
+    parent = box.exec("cat /proc/self/stat").stdout.rsplit(")", 1)[1].split()[1]
+    assert parent == "0", parent   # forked from outside the sandbox's pid namespace
+    os.kill(server, 9)
+    deadline = time.monotonic() + 10
+    while not handles.server_status.ended.is_set() and _alive(server):
+      assert time.monotonic() < deadline
+      time.sleep(0.05)
+    assert box.exec("echo still").stdout == "still\n"   # the helper takes over
+    spare_server = backend._boxes[spare.id].server_status.pid
+    spare.delete()
+    deadline = time.monotonic() + 10
+    while _alive(spare_server):
+      assert time.monotonic() < deadline, "the fork server outlived its sandbox"
+      time.sleep(0.05)

@@ -21,6 +21,10 @@ the socket itself; results travel on descriptors that came with the request:
 - op "spawn", mode "enter": a middle process enters the namespaces of the process behind
   `pidfd`, forks the command (new session, sandbox uid/gid, no_new_privs, `cwd`), and writes
   {"pid": N} then {"exit": code} | {"signal": n} | {"error": message} to `status`.
+- op "forkserver": a child joins the sandbox's cgroups and enters its namespaces through
+  `pidfd` once, then serves "spawn" requests (mode "enter") on the `server` socket for the
+  sandbox's lifetime: each is one fork + exec (see _ForkServer). `status` gets {"pid": N} and
+  then how the fork server ended, as for mode "direct".
 - op "file": enters the mount (and user) namespace with the sandbox's credentials and performs
   one file operation (read, write, list, stat), writing a JSON header line and then any data
   on `reply`; a write reads its bytes from `data`.
@@ -448,6 +452,97 @@ def _connect(req, fds):
       [b"ok"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", sock.fileno()))])
 
 
+class _ForkServer:
+  """A sandbox's fork server: a child of the helper that has joined the sandbox's cgroups and
+  entered its namespaces once (the pid namespace for its children: it stays outside, invisible
+  to the sandbox), and forks each command from there. A command then costs one fork and one
+  exec; joining cgroups per command takes the kernel's cgroup threadgroup lock for writing,
+  which waits for an RCU grace period (milliseconds, tens under load).
+
+  It serves only mode "enter", non-terminal "spawn" requests, exactly as the helper would (the
+  command process is _exec_child: standard streams only, sandbox user, no_new_privs inherited,
+  the seccomp filter), reports {"pid": N} and then how the command ended on the request's
+  `status`, and exits when the service closes its socket or the sandbox's init process ends.
+  Everything else (terminals, files, sockets) still goes through the helper."""
+
+  def __init__(self, sock, init_pidfd):
+    self.sock, self.init = sock, init_pidfd
+    self.running = {}   # pid -> status fd of commands still running
+    self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+
+  def serve(self):
+    """Never returns."""
+    sel = selectors.DefaultSelector()
+    sel.register(self.sock, selectors.EVENT_READ)
+    sel.register(self.wake_r, selectors.EVENT_READ)
+    sel.register(self.init, selectors.EVENT_READ)   # a pidfd is readable once it has exited
+    self.sock.send(b"ready")
+    while True:
+      for key, _ in sel.select():
+        if key.fileobj is self.sock:
+          self._request()
+        elif key.fileobj == self.init:
+          os._exit(0)
+        else:
+          _reap_children(self.wake_r, self.running)
+
+  def _request(self):
+    try:
+      req, fds, fdlist = _receive(self.sock)
+    except (InterruptedError, BlockingIOError):
+      return
+    except (EOFError, OSError):
+      os._exit(0)
+    try:
+      if req is None:
+        return
+      if req["op"] != "spawn" or req.get("mode") != "enter" or req.get("tty"):
+        _report_failure(req, fds, "the fork server only starts commands without a terminal")
+        return
+      try:
+        pid = os.fork()
+      except OSError as e:
+        _write_json(fds["status"], {"error": f"cannot start a process in the sandbox: "
+                                             f"{os.strerror(e.errno)} (its pids limit may be "
+                                             f"reached)"})
+        return
+      if pid == 0:
+        _exec_child(req, fds)
+      _write_json(fds["status"], {"pid": pid})
+      self.running[pid] = os.dup(fds["status"])
+    except Exception as e:  # noqa: BLE001 - one bad request never ends the fork server
+      _report_failure(req, fds, f"{type(e).__name__}: {e}")
+    finally:
+      for fd in fdlist:
+        try:
+          os.close(fd)
+        except OSError:
+          pass
+
+
+def _reap_children(wake_r, waited):
+  """After SIGCHLD (its byte on `wake_r`): reaps every ended child and writes how it ended to
+  its status fd in `waited` ({pid: fd}, closed and removed)."""
+  try:
+    while os.read(wake_r, 4096):
+      pass
+  except BlockingIOError:
+    pass
+  while True:
+    try:
+      pid, wait_status = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+      return
+    if pid == 0:
+      return
+    status_fd = waited.pop(pid, None)
+    if status_fd is not None:
+      _write_json(status_fd, _status_of(wait_status))
+      os.close(status_fd)
+
+
 def _child(req, fds):
   """Runs in a forked child of the helper; always ends with os._exit."""
   code = 0
@@ -470,6 +565,9 @@ def _child(req, fds):
         _connect(req, fds)
       elif op == "listen":
         _listen(req, fds)
+      elif op == "forkserver":
+        os.close(fds["status"])   # the helper reports on it
+        _ForkServer(socket.socket(fileno=fds["server"]), fds["pidfd"]).serve()
       elif op == "own":   # hand folders (the workspace) to the sandbox user, then report
         creds = req["creds"]
         for path in req["paths"]:
@@ -620,10 +718,10 @@ def _serve(req, fds, sock, wake, in_place, direct):
   pid = os.fork()
   if pid == 0:
     sock.close()
-    for fd in wake:
+    for fd in (*wake, *direct.values()):   # other processes' status: never the child's
       os.close(fd)
     _child(req, fds)
-  if op == "spawn" and req.get("mode") == "direct":
+  if op == "forkserver" or (op == "spawn" and req.get("mode") == "direct"):
     _write_json(fds["status"], {"pid": pid})
     direct[pid] = os.dup(fds["status"])
 
@@ -680,22 +778,7 @@ def main():
             except OSError:
               pass
       else:
-        try:
-          while os.read(wake_r, 4096):
-            pass
-        except BlockingIOError:
-          pass
-        while True:
-          try:
-            pid, wait_status = os.waitpid(-1, os.WNOHANG)
-          except ChildProcessError:
-            break
-          if pid == 0:
-            break
-          status_fd = direct.pop(pid, None)
-          if status_fd is not None:
-            _write_json(status_fd, _status_of(wait_status))
-            os.close(status_fd)
+        _reap_children(wake_r, direct)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,18 @@
 
 A sandbox is `bwrap` with new pid, mount, ipc, uts, cgroup (and, unless network is allowed,
 network) namespaces, a read-only view of its image, a private size-limited tmpfs workspace and
-/tmp, and cgroups for cpu, memory and process count. Its only long-lived processes are
-bubblewrap's two and a `sh -c 'read _'` placeholder: no Python process per sandbox.
+/tmp, and cgroups for cpu, memory and process count. Its long-lived processes are
+bubblewrap's two, a `sh -c 'read _'` placeholder, and its fork server (below).
 
-Commands do not create sandboxes: the spawner helper (`_spawner.py`) forks, joins the
-sandbox's cgroups, enters its namespaces through a pidfd and execs the command as the
-sandbox user (uid 65534 when the service runs as root; the caller's uid mapped into a user
-namespace otherwise), with no_new_privs and no capabilities.
+Commands do not create sandboxes. Each sandbox has a fork server: a child of the spawner helper
+(`_spawner.py`) that joined the sandbox's cgroups and entered its namespaces through a pidfd
+once, at creation, and stays outside its pid namespace (the sandbox cannot see or signal it).
+A command is one fork of it and one exec, as the sandbox user (uid 65534 when the service runs
+as root; the caller's uid mapped into a user namespace otherwise), with no_new_privs, no
+capabilities and the seccomp filter. Joining cgroups per command would cost an RCU grace
+period each time (the kernel's cgroup threadgroup lock). Terminals, file operations and
+sockets, and commands of a sandbox whose fork server is gone, are done by the helper itself,
+which joins and enters per request.
 
 Ties to the service, so nothing outlives it: bwrap runs with --die-with-parent under the
 spawner, which has PR_SET_PDEATHSIG on the service; the placeholder's stdin is a pipe held by
@@ -302,7 +307,9 @@ class LocalBackend(Backend):
     pids = spec.pids if spec.pids is not None else self.default_pids
     self._write_meta(sandbox_id, {})   # first, so other services see who owns what follows
     try:
-      procs = self._cgroups.create(sandbox_id, cpu=spec.cpu, memory=spec.memory, pids=pids)
+      # One pid more than asked: the sandbox's fork server is counted in its pids cgroup.
+      procs = self._cgroups.create(sandbox_id, cpu=spec.cpu, memory=spec.memory,
+                                   pids=None if pids is None else pids + 1)
     except OSError as e:
       self._cgroups.remove(sandbox_id)
       raise SandboxFailed(f"cannot set the limits of sandbox {sandbox_id!r}: {e}") from None
@@ -355,6 +362,7 @@ class LocalBackend(Backend):
     box.pidns = os.readlink(f"/proc/{box.init_pid}/ns/pid")
     box.ns_flags = _ns_flags(box.init_pid, self.user_namespace)
     box.bwrap_pid = box.status.pid
+    await self._start_fork_server(box)
     self._write_meta(sandbox_id, {"bwrap_pid": box.bwrap_pid, "init_pid": box.init_pid,
                                   "init_start": _start_time(box.init_pid)})
     ref = {"id": sandbox_id, "init_pid": box.init_pid, "workdir": workdir,
@@ -389,6 +397,60 @@ class LocalBackend(Backend):
                             f"{image.workspace_seed!r} failed: {result.error or ''} "
                             f"{result.stderr.decode(errors='replace')[-2000:]}")
     return ref
+
+  async def _start_fork_server(self, box) -> None:
+    """Starts the sandbox's fork server (see the module docstring) and waits until it has
+    entered the sandbox. If it cannot, the sandbox works without one (commands then go
+    through the helper, slower), and the reason is logged."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    try:
+      self._send({"op": "forkserver", "cgroups": box.procs, "ns_flags": box.ns_flags},
+                 [("status", status_w), ("pidfd", box.pidfd), ("server", theirs.fileno())])
+    except OSError as e:
+      mine.close()
+      os.close(status_r)
+      _log.warning("sandbox %s: no fork server (%s); commands go through the helper", box.id, e)
+      return
+    finally:
+      theirs.close()
+      os.close(status_w)
+    status = _StatusReader(status_r)
+    mine.setblocking(False)
+    try:
+      hello = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(mine, 64),
+                                     self.start_timeout)
+    except (asyncio.TimeoutError, OSError):
+      hello = b""
+    if hello != b"ready":
+      mine.close()   # it exits on EOF; the sandbox's cgroups removal kills it otherwise
+      _log.warning("sandbox %s: no fork server (%s); commands go through the helper", box.id,
+                   status.describe_end() if status.ended.is_set() else "it did not answer")
+      status.close()
+      return
+    box.server, box.server_status = mine, status
+
+  def _send_to_fork_server(self, box, request: dict, fds: list) -> bool:
+    """Hands a command to the sandbox's fork server; False if the helper must take it (no
+    fork server, or its socket is full right now).
+
+    Raises:
+      OSError: the request cannot be sent at all (e.g. too large), as the helper would.
+    """
+    if box.server is None:
+      return False
+    if not box.server_status.ended.is_set():
+      message = json.dumps(dict(request, fds=[name for name, _ in fds])).encode()
+      try:
+        socket.send_fds(box.server, [message], [fd for _, fd in fds])
+        return True
+      except BlockingIOError:
+        return False
+      except (BrokenPipeError, ConnectionError) as e:
+        _log.warning("sandbox %s: its fork server is gone (%s); commands go through the "
+                     "helper", box.id, e)
+    box.close_fork_server()
+    return False
 
   async def _start_slirp(self, box) -> None:
     """Gives the sandbox's network namespace outbound access through slirp4netns (in the
@@ -499,6 +561,7 @@ class LocalBackend(Backend):
     box = self._boxes.pop(sandbox_id, None)
     if box is not None:
       box.close_keepalive()
+      box.close_fork_server()
       if box.relay is not None:
         await box.relay.close()
       if box.slirp is not None:
@@ -606,11 +669,14 @@ class LocalBackend(Backend):
     shell = None
     if isinstance(spec.command, str):
       shell = spec.shell or "auto"
-    self._send({"op": "spawn", "mode": "enter", "cgroups": box.procs,
-                "home_cgroups": self._cgroups.home_procs(), "ns_flags": box.ns_flags, "creds": self.creds, "argv": spec.argv,
-                "shell": shell, "env": spec.env, "cwd": spec.cwd or "/", "tty": spec.tty},
-               [("stdin", stdin_fd), ("stdout", stdout_fd), ("stderr", stderr_fd),
-                ("status", status_w), ("pidfd", box.pidfd)])
+    request = {"op": "spawn", "mode": "enter", "creds": self.creds, "argv": spec.argv,
+               "shell": shell, "env": spec.env, "cwd": spec.cwd or "/", "tty": spec.tty}
+    fds = [("stdin", stdin_fd), ("stdout", stdout_fd), ("stderr", stderr_fd),
+           ("status", status_w)]
+    if not spec.tty and self._send_to_fork_server(box, request, fds):
+      return
+    self._send(dict(request, cgroups=box.procs, home_cgroups=self._cgroups.home_procs(),
+                    ns_flags=box.ns_flags), fds + [("pidfd", box.pidfd)])
 
   async def _run(self, box, spec: _jobs.JobSpec, cancel_event=None) -> _jobs.JobResult:
     """Runs one command to its end. Says so when the OOM killer struck during it, and kills
@@ -870,6 +936,8 @@ class _Box:
     self.slirp = None         # _StatusReader of slirp4netns (network=True)
     self.slirp_exit = None    # write end of slirp4netns's exit pipe
     self.relay = None         # _network.EgressRelay (egress=[...])
+    self.server = None        # socket to its fork server (None: commands go via the helper)
+    self.server_status = None # _StatusReader of the fork server
 
   def owns(self, pid: int) -> bool:
     """True if `pid` is a process inside this sandbox (its pid namespace)."""
@@ -877,6 +945,15 @@ class _Box:
       return self.pidns is not None and os.readlink(f"/proc/{pid}/ns/pid") == self.pidns
     except OSError:
       return False
+
+  def close_fork_server(self):
+    """Closes the socket to the fork server, which then exits."""
+    if self.server is not None:
+      self.server.close()
+      self.server = None
+    if self.server_status is not None:
+      self.server_status.close()
+      self.server_status = None
 
   def close_keepalive(self):
     if self.keepalive is not None:
