@@ -218,7 +218,7 @@ def test_chat_with_images_through_the_proxy_is_recorded_and_trains(vl, engine, t
     messages = _chat("click the button", screens[0])
     for turn in range(2):
       response = client.chat.completions.create(model="orchard", messages=messages,
-                                                max_tokens=5, temperature=1.0, seed=turn)
+                                                max_tokens=5, temperature=0.8, seed=turn)
       messages.append({"role": "assistant", "content": response.choices[0].message.content})
       messages += _chat("after the click:", screens[1], screens[0])
     proxy.end_session("gui-1")
@@ -238,7 +238,9 @@ def test_chat_with_images_through_the_proxy_is_recorded_and_trains(vl, engine, t
   assert records[1].prompt_ids.count(config.vision.image_token_id) == 3 * n
 
   # Training: sequences from the records, packed with their images, log-probs by the train
-  # step's own function equal what the engine recorded.
+  # step's own function equal what the engine recorded for tokens sampled at temperature 0.8
+  # (not 1, so a trainer and an engine scoring different distributions would differ;
+  # docs/algorithms.md section 3).
   [sequence] = data.sequences_from_model_calls(records, mode="rl")
   packed = data.pack_sequences([sequence], batch_size=2, seq_len=256, images_per_row=4,
                                image_token_id=config.vision.image_token_id)
@@ -296,3 +298,16 @@ def test_hosted_upstream_chat_with_an_image_is_recorded_by_digest(vl, tmp_path):
 def json_dumps(value) -> str:
   import json
   return json.dumps(value)
+
+
+def test_one_new_image_is_encoded_once_by_two_schedulers(vl):
+  """Data parallelism: requests showing the same new screenshot land on both schedulers at
+  once; the vision front still runs once for it."""
+  shot = _png(88, 72, 60)
+  config = dataclasses.replace(CONFIG, data_parallel=2)
+  with Engine(vl["model"], vl["tokenizer"], config=config,
+              image_processor=vl["processor"]) as eng:
+    requests = [_request(vl, _chat(f"request {i}", shot), [shot]) for i in range(4)]
+    outs = eng.generate(requests, timeout_s=300)
+    assert eng.runner.vision.encoded == 1
+  assert all(len(o.output_ids) == 6 for o in outs)
