@@ -105,3 +105,22 @@ def test_a_sft_source_is_not_needed_when_policy_init_skips_sft(tmp_path):
   config.policy.init = str(tmp_path / "no_such_run")
   with pytest.raises(ConfigError, match="policy.init"):
     swe.train_rl(config)
+
+
+def test_batch_sizes_must_split_over_microbatches_and_data_parallel_devices():
+  """The packer and the trainer need the same rows on every device and microbatch; a batch that
+  does not split is one line before any training (here: the tests' 8 host devices)."""
+  import jax
+  from orchard_jax.recipes import ConfigError
+  from orchard_jax.recipes.agentic import checks
+  config = common.rl_base("tiny")
+  devices = jax.device_count()
+  config.rl.update(dict(batch_size=2 * devices, microbatches=2))
+  checks.check_batch_sizes(config, ("rl",))
+  config.rl.update(dict(batch_size=2 * devices + 1, microbatches=1))
+  with pytest.raises(ConfigError, match=f"rl.batch_size is {2 * devices + 1} .* multiple of "
+                                        f"{devices}"):
+    checks.check_batch_sizes(config, ("rl",))
+  config.rl.update(dict(batch_size=devices, microbatches=2))
+  with pytest.raises(ConfigError, match=f"multiple of {2 * devices}"):
+    checks.check_batch_sizes(config, ("rl",))

@@ -101,6 +101,28 @@ def check_eval_config(c: ConfigDict) -> None:
     raise ConfigError(f"eval.splits has {unknown}; expected 'train' and/or 'heldout'")
 
 
+def check_batch_sizes(c: ConfigDict, blocks: Sequence[str]) -> None:
+  """Each block's batch_size splits evenly into microbatches over the data-parallel devices of
+  config.mesh (the packer and the trainer need equal rows per device and microbatch).
+
+  Raises:
+    ConfigError: a mesh the devices cannot form, or a batch_size that is not a multiple of
+      microbatches x data-parallel devices (the message names the block and the multiple).
+  """
+  from orchard_jax import parallel, train
+  try:
+    mesh = parallel.make_mesh(c.mesh)
+  except parallel.ParallelError as e:
+    raise ConfigError(f"mesh: {e}") from e
+  dp = train.data_parallel_size(mesh)
+  for block in blocks:
+    size, micro = int(c[block].batch_size), int(c[block].get("microbatches", 1))
+    if micro < 1 or size < 1 or size % (micro * dp):
+      raise ConfigError(f"{block}.batch_size is {size} with {block}.microbatches={micro}; over "
+                        f"{dp} data-parallel device(s) it must be a positive multiple of "
+                        f"{max(micro, 1) * dp}")
+
+
 def bar_config(c: ConfigDict):
   """rl.BARConfig from the rl.bar block.
 

@@ -68,6 +68,7 @@ def train_sft(config: ConfigDict, domain: Domain) -> dict:
   checks.check_sft_source(config)
   run = RunContext(config, domain)
   try:
+    checks.check_batch_sizes(config, ("sft",))      # needs the devices; before any training
     with domain.environment() as env:
       train_tasks = _training_subset(run, env)
       run.save_split(train_tasks, run.heldout)
@@ -161,6 +162,9 @@ def train_rl(config: ConfigDict, domain: Domain) -> dict:
   history: list[dict] = []
   started = time.perf_counter()
   try:
+    # Needs the devices; before seed trajectories, SFT or any rollout.
+    checks.check_batch_sizes(c, ("rl",) + (("sft",) if not c.policy.init and c.sft.enabled
+                                           else ()))
     with domain.environment() as env:
       train_tasks = _training_subset(run, env)
       run.save_split(train_tasks, run.heldout)

@@ -28,7 +28,7 @@ from flax import nnx
 from orchard_jax import data, models, parallel, rl, train
 from orchard_jax.models.value import ValueModel  # not re-exported by orchard_jax.models yet
 from orchard_jax.recipes import ConfigError
-from orchard_jax.recipes.agentic import policy as policy_lib
+from orchard_jax.recipes.agentic import checks, policy as policy_lib
 from orchard_jax.recipes.agentic.sft import trajectory_sequences
 
 _log = logging.getLogger(__name__)
@@ -207,8 +207,9 @@ def fit_value(config, run_dir: str, mesh, tokenizer) -> dict[str, Any]:
     {"data": stats, "train": last metrics, "heldout": reranking report, "train_fit": the same on
     the training trajectories}; also written to run_dir/value/report.json.
   Raises:
-    ConfigError: a named store does not exist, or the stores hold no labelled trajectory to
-      train on (launch/run.py prints either as one line).
+    ConfigError: a named store does not exist, the stores hold no labelled trajectory to
+      train on, or value.batch_size does not split over microbatches and devices (launch/run.py
+      prints each as one line).
   """
   v = config.value
   items, stats = labelled_sequences(stores_of(config), tokenizer, seq_len=int(v.seq_len),
@@ -219,6 +220,7 @@ def fit_value(config, run_dir: str, mesh, tokenizer) -> dict[str, Any]:
   if not train_items:
     raise ConfigError(f"no labelled trajectory to train the value model on in "
                       f"{stores_of(config)}; run an RL or eval experiment first")
+  checks.check_batch_sizes(config, ("value",))
   dp = train.data_parallel_size(mesh)
   packed = pack_labelled(train_items, batch_size=int(v.batch_size), seq_len=int(v.seq_len),
                          data_parallel_size=dp, seed=int(config.seed))
