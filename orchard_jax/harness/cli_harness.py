@@ -116,12 +116,15 @@ def _codex_setup(base_url: str, model: str, workdir: str, limits: HarnessLimits
                  ) -> dict[str, str]:
   # Hosted tools (web search) and sub-agents are off: the proxy serves function tools only.
   # Analytics, feedback, OpenTelemetry and update checks are off: the run is offline.
+  # Commands run in a plain shell, not a login shell, whose profile would reset PATH and
+  # lose the task's Python environment.
   idle_ms = int(limits.request_timeout_s * 1000)
   config = f"""model = {_toml_string(model)}
 model_provider = "orchard"
 model_context_window = {int(limits.context_window)}
 approval_policy = "never"
 sandbox_mode = "danger-full-access"
+allow_login_shell = false
 web_search = "disabled"
 check_for_update_on_startup = false
 
@@ -310,10 +313,12 @@ def run_cli_harness(harness: CLIHarness, box: Any, task: str, *, base_url: str,
       box.upload(path, text)
     except Exception as e:  # noqa: BLE001 - an env error of any kind, named
       raise HarnessError(f"could not write {path} into sandbox {box.id}: {e}") from e
-  env = {"HOME": f"{PRIVATE_DIR}/home", "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
-         "TERM": "dumb", "NO_COLOR": "1", "CI": "1",
+  env = {"HOME": f"{PRIVATE_DIR}/home", "TERM": "dumb", "NO_COLOR": "1", "CI": "1",
          **harness.environment(base_url, model, limits)}
-  command = f"mkdir -p {PRIVATE_DIR}/home && " + harness.command(program, task, workdir, limits)
+  # The CLIs' folder goes in front of the sandbox's own PATH (a task image's puts its Python
+  # environment first): the commands the harness runs see the task's tools.
+  command = (f"export PATH={shlex.quote(bin_dir)}:\"${{PATH:-/usr/local/bin:/usr/bin:/bin}}\" && "
+             f"mkdir -p {PRIVATE_DIR}/home && " + harness.command(program, task, workdir, limits))
   started = time.monotonic()
   result = box.exec(command, env=env, timeout=limits.timeout_s,
                     max_output_bytes=_LOG_LIMIT_BYTES)

@@ -25,8 +25,11 @@ WORKDIR = "/work/repo"
 DIFF = f"cd {WORKDIR} && git add -A >/dev/null && git diff --cached"
 FINAL = "Both files are in place."
 STEPS = [ScriptStep("First the greeting file.", "printf 'hi\\n' > hello.txt"),
-         ScriptStep("Now a second file from the first.", "tr a-z A-Z < hello.txt > shout.txt "
-                    "&& echo marker-$((6*7))")]
+         ScriptStep("Now a second file from the first, by the task's own tool.",
+                    "task-tool < hello.txt > shout.txt && echo marker-$((6*7))")]
+# A task image puts its tools (its Python environment) first on the sandbox's PATH; the
+# harness's shell commands must find them.
+TOOLS = "/tmp/task-tools"
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +45,12 @@ def test_scripted_plan_runs_through_the_real_cli(client, harness, tmp_path):
   model = ScriptedHarnessModel(harness, STEPS, final_answer=FINAL)
   with TrajectoryStore(tmp_path / "store") as store, \
        RecordingProxy(model, store=store, freeze_gc=False) as proxy:
-    with client.create_sandbox(image="host", workdir=WORKDIR, egress=[proxy.url]) as box:
+    with client.create_sandbox(image="host", workdir=WORKDIR, egress=[proxy.url],
+                               env={"PATH": f"{TOOLS}:/usr/local/bin:/usr/bin:/bin"}) as box:
       box.exec("git init -q . && echo base > README && git add -A && "
-               "git -c user.email=t@t -c user.name=t commit -qm base", check=True)
+               "git -c user.email=t@t -c user.name=t commit -qm base && "
+               f"mkdir -p {TOOLS} && printf '#!/bin/sh\\ntr a-z A-Z\\n' > {TOOLS}/task-tool && "
+               f"chmod +x {TOOLS}/task-tool", check=True)
       run = run_cli_harness(harness, box, "Create hello.txt and shout.txt.",
                             base_url=box.egress_url(proxy.session_url("s")), workdir=WORKDIR,
                             model=model.model, diff_command=DIFF,
