@@ -162,6 +162,8 @@ def fit_sft(model, sequences: Sequence, sft_config, *, mesh, workdir: str, seed:
 
   Resumes from workdir/checkpoints when a previous run left one (a finished run returns at
   once). Batches are fixed [batch_size, seq_len]; the batch order is reshuffled every epoch.
+  Rows are no longer than the longest sequence needs (rounded up to sft.chunk_size): a
+  sequence length raised for long prompts (an external harness's) then pads no row to it.
 
   Raises:
     train.TrainError: no sequence to train on.
@@ -170,8 +172,11 @@ def fit_sft(model, sequences: Sequence, sft_config, *, mesh, workdir: str, seed:
     raise train.TrainError("SFT has no sequence with a loss token (no trajectories, or every "
                            "one was filtered)")
   dp = train.data_parallel_size(mesh)
+  chunk = max(1, int(sft_config.chunk_size))
+  longest = max(len(s.input_ids) for s in sequences)
+  seq_len = min(int(sft_config.seq_len), -(-longest // chunk) * chunk)
   packed = data.pack_sequences(sequences, batch_size=int(sft_config.batch_size),
-                               seq_len=int(sft_config.seq_len), data_parallel_size=dp,
+                               seq_len=seq_len, data_parallel_size=dp,
                                overflow="drop", seed=seed,
                                num_batches_multiple_of=1)
   batches = packed.batches
