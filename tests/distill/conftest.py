@@ -4,11 +4,6 @@ import pytest
 
 from experiments import swe_distill as experiment
 
-# The same settings as tests/harness/test_episode.py, so the built set is cached once for both.
-TASK_SETTINGS = dict(packages=("parse",), instances_per_package=3, max_candidates_per_package=15,
-                     seconds_per_package=90, seed=1)
-
-
 @pytest.fixture(scope="session")
 def env_service():
   """(url, api_key) of an Orchard Env service for the whole session."""
@@ -28,8 +23,8 @@ def env_client(env_service):
 @pytest.fixture(scope="session")
 def task_set():
   """A small real task set (parse bugs); instances[0] is the one the tests run."""
-  from orchard_jax.tasks.swe.builder import BuildSettings, build_task_set
-  return build_task_set(BuildSettings(**TASK_SETTINGS), progress=False)
+  from tests.parse_tasks import parse_task_set
+  return parse_task_set()
 
 
 @pytest.fixture(scope="session")

@@ -11,13 +11,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.mark.slow   # two launcher processes, each grading in a real sandbox
 def test_a_local_sweep_of_swe_eval_writes_each_point_to_its_run_folder(tmp_path):
-  # One real instance of the parse task set (the settings of tests/tasks and tests/recipes, so
-  # the cached set is shared), graded in real sandboxes: gold resolves it, the empty patch not.
-  from orchard_jax.tasks.swe.builder import BuildSettings, build_task_set
+  # One real instance of the shared parse task set (tests/parse_tasks.py), graded in real
+  # sandboxes: gold resolves it, the empty patch does not.
   from orchard_jax.tasks.swe.instance import save_instances
-  settings = BuildSettings(packages=("parse",), instances_per_package=3,
-                           max_candidates_per_package=15, seconds_per_package=90, seed=1)
-  instance = build_task_set(settings, progress=False).instances[0]
+  from tests.parse_tasks import parse_task_set
+  instance = parse_task_set().instances[0]
   dataset = save_instances([instance], str(tmp_path / "instances.jsonl"))
   base = tmp_path / "runs" / "ev"
   result = subprocess.run(

@@ -17,12 +17,10 @@ def env_client():
 
 @pytest.fixture(scope="session")
 def parse_instances():
-  """Real instances on the parse package (the same build settings as tests/tasks, so the
-  cached set is shared)."""
-  from orchard_jax.tasks.swe.builder import BuildSettings, build_task_set
-  settings = BuildSettings(packages=("parse",), instances_per_package=3,
-                           max_candidates_per_package=15, seconds_per_package=90, seed=1)
-  return build_task_set(settings, progress=False).instances
+  """Real instances on the parse package (tests/parse_tasks.py: the set every SWE test
+  shares)."""
+  from tests.parse_tasks import parse_task_set
+  return parse_task_set().instances
 
 
 COIN_TEST = ("import os\n\n\ndef test_coin():\n"

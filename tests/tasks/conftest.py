@@ -14,7 +14,5 @@ def env_client():
 
 @pytest.fixture(scope="session")
 def parse_tasks():
-  from orchard_jax.tasks.swe.builder import BuildSettings, build_task_set
-  settings = BuildSettings(packages=("parse",), instances_per_package=3,
-                           max_candidates_per_package=15, seconds_per_package=90, seed=1)
-  return build_task_set(settings, progress=False)
+  from tests.parse_tasks import parse_task_set
+  return parse_task_set()

@@ -14,9 +14,8 @@ from orchard_jax.tasks.swe.environment import build_environment
 from orchard_jax.tasks.swe.log_parsers import parse_test_log
 from orchard_jax.tasks.swe.packages import PROFILES
 from orchard_jax.tasks.swe.testbed import setup_script
+from tests.parse_tasks import SETTINGS
 
-SETTINGS = BuildSettings(packages=("parse",), instances_per_package=3,
-                         max_candidates_per_package=15, seconds_per_package=90, seed=1)  # conftest
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +39,7 @@ def test_build_report_counts_every_candidate(task_set):
   report = json.loads(open(os.path.join(os.path.dirname(task_set.path),
                                         "build_report.json")).read())
   assert report["packages"][0]["kept"] == 3
-  again = build_task_set(SETTINGS, progress=False)
+  again = build_task_set(SETTINGS, progress=False)   # the settings of tests/parse_tasks.py
   assert again.from_cache and [i.instance_id for i in again.instances] == [
       i.instance_id for i in task_set.instances]
 

@@ -7,15 +7,13 @@ import pytest
 
 from orchard_jax.tasks.swe.expert import plan_steps, run_expert, slice_tests
 from orchard_jax.tasks.swe import evaluation
-from orchard_jax.tasks.swe.builder import BuildSettings, build_task_set
 from orchard_jax.tasks.swe.testbed import open_sandbox
+from tests.parse_tasks import parse_task_set
 
 
 @pytest.fixture(scope="module")
 def instance():
-  settings = BuildSettings(packages=("parse",), instances_per_package=3,
-                           max_candidates_per_package=15, seconds_per_package=90, seed=1)
-  return build_task_set(settings, progress=False).instances[0]
+  return parse_task_set().instances[0]
 
 
 @pytest.mark.slow
