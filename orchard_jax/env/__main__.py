@@ -12,7 +12,8 @@ import sys
 
 from orchard_jax.env.errors import EnvError
 from orchard_jax.env.manager import ServiceConfig
-from orchard_jax.env.orchestrator import ADMIN_KEYS_ENV, Orchestrator, load_api_keys
+from orchard_jax.env.orchestrator import (ADMIN_KEYS_ENV, Orchestrator, load_api_keys,
+                                          new_event_loop)
 
 
 def _port(text: str) -> int:
@@ -149,7 +150,8 @@ def main(argv=None):
   def ready():   # printed once the port is bound and requests are served
     print(f"Orchard Env ({args.backend}) on http://{args.host}:{service.port}", flush=True)
   try:
-    asyncio.run(service.serve(sock, ready))
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+      runner.run(service.serve(sock, ready))
   except EnvError as e:              # the backend cannot start here: one line, no traceback
     sys.exit(f"Orchard Env did not start: {e.message}")
   except KeyboardInterrupt:

@@ -22,9 +22,10 @@ the socket itself; results travel on descriptors that came with the request:
   `pidfd`, forks the command (new session, sandbox uid/gid, no_new_privs, `cwd`), and writes
   {"pid": N} then {"exit": code} | {"signal": n} | {"error": message} to `status`.
 - op "forkserver": a child joins the sandbox's cgroups and enters its namespaces through
-  `pidfd` once, then serves "spawn" requests (mode "enter") on the `server` socket for the
-  sandbox's lifetime: each is one fork + exec (see _ForkServer). `status` gets {"pid": N} and
-  then how the fork server ended, as for mode "direct".
+  `pidfd` once, becomes the sandbox user (`creds`) under the seccomp filter, then serves
+  "spawn" requests (mode "enter") on the `server` socket for the sandbox's lifetime, each with
+  one posix_spawn (see _ForkServer). `status` gets {"pid": N} and then how the fork server
+  ended, as for mode "direct".
 - op "file": enters the mount (and user) namespace with the sandbox's credentials and performs
   one file operation (read, write, list, stat), writing a JSON header line and then any data
   on `reply`; a write reads its bytes from `data`.
@@ -455,22 +456,37 @@ def _connect(req, fds):
 class _ForkServer:
   """A sandbox's fork server: a child of the helper that has joined the sandbox's cgroups and
   entered its namespaces once (the pid namespace for its children: it stays outside, invisible
-  to the sandbox), and forks each command from there. A command then costs one fork and one
-  exec; joining cgroups per command takes the kernel's cgroup threadgroup lock for writing,
-  which waits for an RCU grace period (milliseconds, tens under load).
+  to the sandbox), and starts each command from there. Joining cgroups per command takes the
+  kernel's cgroup threadgroup lock for writing, which waits for an RCU grace period
+  (milliseconds, tens under load).
 
-  It serves only mode "enter", non-terminal "spawn" requests, exactly as the helper would (the
-  command process is _exec_child: standard streams only, sandbox user, no_new_privs inherited,
-  the seccomp filter), reports {"pid": N} and then how the command ended on the request's
-  `status`, and exits when the service closes its socket or the sandbox's init process ends.
-  Everything else (terminals, files, sockets) still goes through the helper."""
+  It then takes on, once, what every command gets: the sandbox user (no groups), no_new_privs
+  and the seccomp filter, all inherited by what it starts. It has only descriptors it opened
+  itself, every one close-on-exec. A command is then posix_spawn(3) (a vfork: no copy of this
+  Python process's page tables, which a fork and the exec after it pay for) with the request's
+  stdin/stdout/stderr as 0-2, a new session, default signal dispositions, in its `cwd`.
 
-  def __init__(self, sock, init_pidfd):
+  It serves only mode "enter", non-terminal "spawn" requests, reports {"pid": N} and then how
+  the command ended on the request's `status`, and exits when the service closes its socket or
+  the sandbox's init process ends. Everything else (terminals, files, sockets) goes through
+  the helper."""
+
+  # Python ignores SIGPIPE and SIGXFSZ, the helper SIGINT: a command starts with the defaults.
+  # (glibc's posix_spawn leaves its two internal signals, 32 and 33, ignored, as for any
+  # program it starts; the C library of the command installs its own handlers for them.)
+  _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD,
+                      signal.SIGTERM)
+
+  def __init__(self, sock, init_pidfd, creds):
     self.sock, self.init = sock, init_pidfd
     self.running = {}   # pid -> status fd of commands still running
     self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    _drop_privileges(creds)
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    if _FILTER is not None:
+      _FILTER.install()
 
   def serve(self):
     """Never returns."""
@@ -502,14 +518,10 @@ class _ForkServer:
         _report_failure(req, fds, "the fork server only starts commands without a terminal")
         return
       try:
-        pid = os.fork()
-      except OSError as e:
-        _write_json(fds["status"], {"error": f"cannot start a process in the sandbox: "
-                                             f"{os.strerror(e.errno)} (its pids limit may be "
-                                             f"reached)"})
+        pid = self._spawn(req, fds)
+      except _SpawnError as e:
+        _write_json(fds["status"], {"error": str(e)})
         return
-      if pid == 0:
-        _exec_child(req, fds)
       _write_json(fds["status"], {"pid": pid})
       self.running[pid] = os.dup(fds["status"])
     except Exception as e:  # noqa: BLE001 - one bad request never ends the fork server
@@ -520,6 +532,28 @@ class _ForkServer:
           os.close(fd)
         except OSError:
           pass
+
+  def _spawn(self, req, fds):
+    """Starts the command; returns its pid. Raises _SpawnError saying why it did not start."""
+    cwd = req.get("cwd") or "/"
+    try:
+      os.chdir(cwd)
+    except OSError as e:
+      raise _SpawnError(f"working directory {cwd!r} is not usable in the sandbox: "
+                        f"{os.strerror(e.errno)}") from None
+    argv = _command_argv(req)
+    env = req.get("env") or {}
+    path = _which(argv[0], env)
+    actions = [(os.POSIX_SPAWN_DUP2, fds[name], target)
+               for target, name in enumerate(("stdin", "stdout", "stderr"))]
+    try:
+      return os.posix_spawn(path, argv, env, file_actions=actions, setsid=True,
+                            setsigdef=self._DEFAULT_SIGNALS, setsigmask=())
+    except OSError as e:
+      if e.errno == errno.EAGAIN:
+        raise _SpawnError(f"cannot start a process in the sandbox: {os.strerror(e.errno)} "
+                          f"(its pids limit may be reached)") from None
+      raise _SpawnError(f"cannot start {argv[0]!r}: {os.strerror(e.errno)}") from None
 
 
 def _reap_children(wake_r, waited):
@@ -553,6 +587,14 @@ def _child(req, fds):
     if op == "spawn" and req.get("mode") == "direct":
       _join_cgroups(req.get("cgroups", ()))
       _exec_command(req, fds, fds["status"])
+    if op == "forkserver":   # long-lived: it keeps only the descriptors it uses
+      keep = {0, 1, 2, fds["server"], fds["pidfd"], fds["status"]}
+      for fd in _open_fds():
+        if fd not in keep:
+          try:
+            os.close(fd)
+          except OSError:
+            pass
     try:
       _enter(req, fds)
       if op == "spawn":
@@ -566,8 +608,8 @@ def _child(req, fds):
       elif op == "listen":
         _listen(req, fds)
       elif op == "forkserver":
-        os.close(fds["status"])   # the helper reports on it
-        _ForkServer(socket.socket(fileno=fds["server"]), fds["pidfd"]).serve()
+        os.close(fds["status"])   # the helper reports how it ends
+        _ForkServer(socket.socket(fileno=fds["server"]), fds["pidfd"], req.get("creds")).serve()
       elif op == "own":   # hand folders (the workspace) to the sandbox user, then report
         creds = req["creds"]
         for path in req["paths"]:

@@ -7,11 +7,12 @@ bubblewrap's two, a `sh -c 'read _'` placeholder, and its fork server (below).
 
 Commands do not create sandboxes. Each sandbox has a fork server: a child of the spawner helper
 (`_spawner.py`) that joined the sandbox's cgroups and entered its namespaces through a pidfd
-once, at creation, and stays outside its pid namespace (the sandbox cannot see or signal it).
-A command is one fork of it and one exec, as the sandbox user (uid 65534 when the service runs
-as root; the caller's uid mapped into a user namespace otherwise), with no_new_privs, no
-capabilities and the seccomp filter. Joining cgroups per command would cost an RCU grace
-period each time (the kernel's cgroup threadgroup lock). Terminals, file operations and
+once, at creation, and stays outside its pid namespace (the sandbox cannot see or signal it);
+then it became the sandbox user (uid 65534 when the service runs as root; the caller's uid
+mapped into a user namespace otherwise) with no_new_privs, no capabilities and the seccomp
+filter, which every command inherits. A command is one posix_spawn of it (vfork + exec) with
+only its standard streams. Joining cgroups per command would cost an RCU grace period each
+time (the kernel's cgroup threadgroup lock). Terminals, file operations and
 sockets, and commands of a sandbox whose fork server is gone, are done by the helper itself,
 which joins and enters per request.
 
@@ -405,7 +406,8 @@ class LocalBackend(Backend):
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     try:
-      self._send({"op": "forkserver", "cgroups": box.procs, "ns_flags": box.ns_flags},
+      self._send({"op": "forkserver", "cgroups": box.procs, "ns_flags": box.ns_flags,
+                  "creds": self.creds},
                  [("status", status_w), ("pidfd", box.pidfd), ("server", theirs.fileno())])
     except OSError as e:
       mine.close()
