@@ -199,13 +199,15 @@ class Trainer:
 
   def token_logprobs(self, batch: Mapping[str, Any], params: Optional[dict] = None) -> np.ndarray:
     """log-probs [batch, seq] of a packed batch's tokens under `params` (default: the current
-    ones), e.g. the reference policy's for the KL term or pi_old before several updates."""
+    ones), e.g. the reference policy's for the KL term or pi_old before several updates; at
+    the batch's `temperatures` when it has them (the distribution the tokens were sampled
+    from, which the engine's recorded old log-probs are of)."""
     if self._logprob_fn is None:
       chunk = getattr(self.loss, "chunk_size", 512)
       self._logprob_fn = step_lib.build_logprob_step(
           self.parts, mesh=self.mesh, param_shardings=self.shardings["params"], chunk_size=chunk)
     params = self.state["params"] if params is None else params
-    keys = ("input_ids", "positions", "segment_ids") + IMAGE_KEYS
+    keys = ("input_ids", "positions", "segment_ids", "temperatures") + IMAGE_KEYS
     return np.asarray(jax.device_get(self._logprob_fn(params, self._put(
         {k: batch[k] for k in keys if k in batch}))))
 
