@@ -46,7 +46,7 @@ def balanced_groups(runner: RolloutRunner, tasks: Sequence[Any], bar: rl.BARConf
 
   Args:
     runner: runs the rollouts.
-    tasks: one prompt each.
+    tasks: one prompt each (a task given twice samples each group with its own seeds).
     bar: BARConfig.
     iteration: stored on the trajectories; part of the rollout seeds.
     seed: base seed.
@@ -57,14 +57,18 @@ def balanced_groups(runner: RolloutRunner, tasks: Sequence[Any], bar: rl.BARConf
   """
   pools: list[list[Rollout]] = [[] for _ in tasks]
   rounds = [0]
+  # A task given twice (more prompts than tasks) samples its second group with other seeds:
+  # the same seeds would sample the same group again.
+  task_ids = [runner.domain.task_id(t) for t in tasks]
+  seed_parts = [(task_id,) if task_ids[:p].count(task_id) == 0
+                else (task_id, task_ids[:p].count(task_id)) for p, task_id in enumerate(task_ids)]
 
   def generate(counts: Sequence[int]) -> list[list[rl.ScoredRollout]]:
     requests = []
     for p, count in enumerate(counts):
-      task_id = runner.domain.task_id(tasks[p])
       for attempt in range(len(pools[p]), len(pools[p]) + count):
         requests.append(RolloutRequest(tasks[p], attempt, rollout_seed(
-            seed, iteration, task_id, attempt), prompt=p))
+            seed, iteration, *seed_parts[p], attempt), prompt=p))
     finished = runner.run_with_progress(requests, f"rollouts it{iteration} r{rounds[0]}",
                                         progress_factory, iteration=iteration,
                                         policy_version=policy_version)

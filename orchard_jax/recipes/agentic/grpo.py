@@ -57,17 +57,39 @@ def trainer_config(config, workdir: str, model_config) -> train.TrainerConfig:
 
 
 def choose_prompts(tasks: Sequence[Any], count: int, *, iteration: int, seed: int) -> list:
-  """`count` training tasks for one iteration: a seeded permutation per epoch over the tasks,
-  so every task comes up once before any repeats."""
-  if not tasks:
-    return []
-  out = []
+  """`count` training tasks for iteration `iteration`: consecutive draws from a stream of
+  seeded permutations of the tasks (one per epoch), so every task comes up once before any
+  repeats. While count <= len(tasks) no task comes up twice in one iteration: a draw that
+  would repeat one (an epoch boundary inside the iteration) is deferred to the next
+  iteration, as a repeated prompt trains a second group of the same task in one update. With
+  count > len(tasks) repeats are unavoidable (balanced_groups samples them with other seeds).
+
+  Deterministic in (tasks, count, iteration, seed): a resumed run draws the same prompts.
+  Returns:
+    `count` tasks (empty when `tasks` is).
+  """
   n = len(tasks)
-  for j in range(iteration * count, (iteration + 1) * count):
-    epoch, index = divmod(j, n)
-    order = np.random.default_rng([seed, epoch]).permutation(n)
-    out.append(tasks[order[index]])
-  return out
+  if not n or count < 1:
+    return []
+  if count > n:
+    out = []
+    for j in range(iteration * count, (iteration + 1) * count):
+      epoch, index = divmod(j, n)
+      out.append(tasks[np.random.default_rng([seed, epoch]).permutation(n)[index]])
+    return out
+  pending: list[int] = []
+  epoch = 0
+  chosen: list[int] = []
+  for _ in range(iteration + 1):       # replay the stream from the start: O(iteration * count)
+    chosen, deferred = [], []
+    while len(chosen) < count:
+      if not pending:
+        pending = [int(i) for i in np.random.default_rng([seed, epoch]).permutation(n)]
+        epoch += 1
+      index = pending.pop(0)
+      (deferred if index in chosen else chosen).append(index)
+    pending = deferred + pending
+  return [tasks[i] for i in chosen]
 
 
 @dataclasses.dataclass
