@@ -1,13 +1,16 @@
 """The real Codex CLI and Claude Code (installed from npm by `python -m orchard_jax.harness
 install`) inside local sandboxes, against the embedded engine through the recording proxy.
 
-Each test first runs the CLI once with the random small policy (one token per call) to record
-its real first request, then teaches the policy, in seconds (cli_policy.py), to answer that
-request with one tool call in the harness's own tool format and to answer the tool's result
-with a short message. The CLI then runs again in a fresh sandbox whose egress allow-list
-holds only the proxy: its tool call must execute in the sandbox (the file shows in the
-workspace diff), every model call must be recorded, and each recorded prompt must extend the
-previous call's prompt plus its sampled ids exactly.
+Each test first records the CLI's real requests without the engine: a scripted model behind
+the proxy (harness/scripted_model.py) answers its first request with the tool call, so the
+harness runs it and sends the tool's result back. The small policy is then taught, in seconds
+(cli_policy.py), to answer that first request with the same tool call in the harness's own
+tool format and the tool's result with a short message. The CLI then runs against the engine
+in a fresh sandbox whose egress allow-list holds only the proxy: its tool call must execute in
+the sandbox (the file shows in the workspace diff), every model call must be recorded, and
+each recorded prompt must extend the previous call's prompt plus its sampled ids exactly.
+The repository's base commit is made with fixed dates, so its hash (which Claude Code shows
+the model) is the same in every sandbox and the taught request is the one the harness sends.
 """
 import dataclasses
 import os
@@ -22,6 +25,7 @@ from orchard_jax.env.client import SandboxClient
 from orchard_jax.env.orchestrator import Orchestrator
 from orchard_jax.harness import install
 from orchard_jax.harness.cli_harness import CLAUDE_CODE, CODEX, HarnessLimits, run_cli_harness
+from orchard_jax.harness.scripted_model import ScriptedHarnessModel, ScriptStep
 from orchard_jax.models import CausalLM, get_preset
 from orchard_jax.rollout import (Engine, EngineConfig, InferenceServer, RecordingProxy,
                                  SGLangUpstream)
@@ -29,8 +33,8 @@ from orchard_jax.rollout import (Engine, EngineConfig, InferenceServer, Recordin
 sys.path.insert(0, os.path.dirname(__file__))
 from cli_policy import FINAL_ANSWER, harness_conversations, train_tool_caller  # noqa: E402
 
-# Each test starts a 20k-token engine, runs the CLI three times and trains twice: about 6 min
-# on 2 idle cores, far more on a loaded machine.
+# Each test records the CLI's requests (seconds), trains once and runs the CLI against a
+# 20k-token engine: a few minutes on 2 idle cores, far more on a loaded machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
@@ -46,6 +50,10 @@ COMMAND = "echo hi > hello.txt"
 CALLS = {"codex": ("exec_command", {"cmd": COMMAND}),
          "claude_code": ("Bash", {"command": COMMAND, "description": "Create hello.txt"})}
 DIFF = f"cd {WORKDIR} && git add -A >/dev/null && git diff --cached"
+# One base commit hash in every sandbox (Claude Code shows it to the model).
+BASE_COMMIT = ("git init -q . && echo base > README && git add -A && "
+               "GIT_AUTHOR_DATE=2026-01-01T00:00:00Z GIT_COMMITTER_DATE=2026-01-01T00:00:00Z "
+               "git -c user.email=t@t -c user.name=t commit -qm base")
 
 
 class _CapturingUpstream(SGLangUpstream):
@@ -83,15 +91,15 @@ def world(tmp_path_factory):
                  upstream=upstream, client=client)
 
 
-def _run(world, harness, session, limits):
-  proxy, client = world["proxy"], world["client"]
+def _run(world, harness, session, limits, proxy=None):
+  proxy, client = proxy or world["proxy"], world["client"]
   with client.create_sandbox(image="host", workdir=WORKDIR, egress=[proxy.url]) as box:
-    box.exec("git init -q . && echo base > README && git add -A && "
-             "git -c user.email=t@t -c user.name=t commit -qm base", check=True)
-    # Nothing but the proxy is reachable: the engine's own port is not.
-    engine_url = proxy.upstream.client.urls[0]
-    probe = box.exec(f"curl -s -m 5 -o /dev/null -w '%{{http_code}}' {engine_url}/health")
-    assert probe.stdout.strip() in ("", "000")
+    box.exec(BASE_COMMIT, check=True)
+    if proxy is world["proxy"]:
+      # Nothing but the proxy is reachable: the engine's own port is not.
+      engine_url = proxy.upstream.client.urls[0]
+      probe = box.exec(f"curl -s -m 5 -o /dev/null -w '%{{http_code}}' {engine_url}/health")
+      assert probe.stdout.strip() in ("", "000")
     run = run_cli_harness(harness, box, TASK, base_url=box.egress_url(proxy.session_url(session)),
                           workdir=WORKDIR, model="orchard", limits=limits, diff_command=DIFF)
   proxy.end_session(session)
@@ -101,46 +109,36 @@ def _run(world, harness, session, limits):
 @pytest.mark.parametrize("harness", [CODEX, CLAUDE_CODE], ids=lambda h: h.name)
 def test_cli_harness_in_sandbox_through_proxy(world, harness):
   install.executable(harness.name)   # a clear error naming the install command when missing
-  proxy, store, engine = world["proxy"], world["store"], world["engine"]
+  proxy, store, engine, tokenizer = world["proxy"], world["store"], world["engine"], world["tokenizer"]
   limits = HarnessLimits(timeout_s=900, max_turns=4, context_window=ENGINE.max_seq_len,
                          max_output_tokens=96)
-  # 1. The harness's real first request, answered by the random policy in one token.
-  original = nnx.state(world["model"], nnx.Param)
-  proxy.sampling_overrides = {"max_new_tokens": 1}
-  try:
-    _run(world, harness, f"{harness.name}-capture", limits)
-  finally:
-    proxy.sampling_overrides = {}
-  first = store.model_calls(f"{harness.name}-capture")[0]
-  assert first.metadata["wire"] == harness.wire
-  assert len(first.prompt_ids) > 4000    # the CLI's own system prompt and tool schemas
-  # 2. Teach the policy that request's tool call, in the harness's own tool format, and let
-  # the harness run it once to record how it sends the tool's result back; then teach the
-  # policy to answer that result.
+  # 1. The harness's real requests, answered by a scripted model (no engine): its first
+  # request, then the one carrying the tool's result as the harness sends it back.
   tool, arguments = CALLS[harness.name]
-  assert tool in [t["function"]["name"] for t in first.tools]
+  scripted = ScriptedHarnessModel(harness, [ScriptStep(arguments.get("description", ""), COMMAND)],
+                                  final_answer=FINAL_ANSWER)
+  with RecordingProxy(scripted, store=store, freeze_gc=False) as capture:
+    _run(world, harness, f"{harness.name}-capture", limits, proxy=capture)
+  first, second = store.model_calls(f"{harness.name}-capture")[:2]
+  assert first.metadata["wire"] == harness.wire
+  assert len(tokenizer.render_chat(first.messages, first.tools)) > 4000   # its own system
+  assert tool in [t["function"]["name"] for t in first.tools]             # prompt and tools
+  assert second.messages[-1]["role"] == "tool", second.messages[-1]
+  # 2. Teach the policy that request's tool call, in the harness's own tool format, and the
+  # answer to the tool's result: after the call as the policy writes it, the result as the
+  # harness sent it (its echo of the call may render differently), and variants of the
+  # result (Codex's carries a random chunk id).
   model = world["model"]
+  original = nnx.state(model, nnx.Param)
   conversations = harness_conversations(first.messages, tool, arguments)
+  assert second.messages[:len(first.messages)] == first.messages   # the history is resent
+  echo = max(i for i, m in enumerate(second.messages) if m["role"] == "assistant")
+  after_call = second.messages[echo + 1:]
+  answered = conversations[0][:len(first.messages) + 1] + after_call + [
+    {"role": "assistant", "content": FINAL_ANSWER}]
   try:
-    # The harness's next first request can differ a little from the recorded one (Claude
-    # Code's context varies); a probe whose first turn missed the call teaches that request too.
-    for round_ in range(3):
-      loss = train_tool_caller(model, world["tokenizer"], conversations, first.tools)
-      assert loss < 0.05, f"the policy did not learn the {harness.name} tool call ({loss:.3f})"
-      engine.update_params(nnx.state(model, nnx.Param), weight_version="6")
-      _run(world, harness, f"{harness.name}-probe{round_}", limits)
-      probe = store.model_calls(f"{harness.name}-probe{round_}")
-      if probe and (probe[0].response or {}).get("tool_calls"):
-        break
-      conversations += harness_conversations(probe[0].messages, tool, arguments)
-    assert len(probe) >= 2 and probe[1].messages[-1]["role"] == "tool", probe[0].response
-    # The tool's result as the harness sends it back, after the call as the policy writes it
-    # (the harness's echo of the call may render differently: one target per context).
-    after_call = probe[1].messages[len(first.messages) + 1:]
-    answered = conversations[0][:len(first.messages) + 1] + after_call + [
-      {"role": "assistant", "content": FINAL_ANSWER}]
-    loss = train_tool_caller(model, world["tokenizer"], conversations + [answered], first.tools)
-    assert loss < 0.05, f"the policy did not learn to answer the tool's result ({loss:.3f})"
+    loss = train_tool_caller(model, tokenizer, conversations + [answered], first.tools)
+    assert loss < 0.05, f"the policy did not learn the {harness.name} turns ({loss:.3f})"
     engine.update_params(nnx.state(model, nnx.Param), weight_version="7")
     served_before = len(world["upstream"].finished)
     run = _run(world, harness, f"{harness.name}-run", limits)
