@@ -165,6 +165,9 @@ class Domain(Protocol):
     """Graded trajectories that warm-start SFT when `sft.source` is "expert" (e.g. a replay
     expert), cached in `run.store`."""
 
+  # Optional: `begin_iteration(iteration, total)` is called before each RL iteration's
+  # rollouts when a domain defines it (e.g. a step-budget curriculum: GUI's 15 then 30).
+
 
 # The exit status the loop gives a rollout whose run raised or ran past its time budget.
 ABORTED = "aborted"

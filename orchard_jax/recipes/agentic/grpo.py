@@ -48,7 +48,8 @@ def trainer_config(config, workdir: str, model_config) -> train.TrainerConfig:
   optimizer = train.OptimizerConfig(
       learning_rate=float(r.lr), end_learning_rate=float(r.end_lr),
       warmup_steps=int(r.warmup_steps), total_steps=total, schedule=r.schedule,
-      weight_decay=float(r.weight_decay), max_grad_norm=float(r.max_grad_norm))
+      weight_decay=float(r.weight_decay), max_grad_norm=float(r.max_grad_norm),
+      frozen=tuple(r.get("frozen", ())))
   return train.TrainerConfig(
       workdir=workdir, total_steps=total, optimizer=optimizer, microbatches=int(r.microbatches),
       load_balancing_coef=float(getattr(model_config, "router_aux_loss_coef", 0.0) or 0.0),
@@ -152,17 +153,19 @@ def add_teacher_logprobs(sequences: list, teacher) -> list:
   return out
 
 
-def pack_updates(sequences: list, config, *, data_parallel_size: int, seed: int
-                 ) -> tuple[list[dict], dict]:
+def pack_updates(sequences: list, config, *, data_parallel_size: int, seed: int,
+                 images=None) -> tuple[list[dict], dict]:
   """Fixed-shape batches for one iteration's updates (at most rl.max_updates_per_iteration;
-  sequences beyond are counted as over capacity, longer ones truncated and counted)."""
+  sequences beyond are counted as over capacity, longer ones truncated and counted). With a
+  vision-language policy's `images` (images.PolicyImages) the batches carry their rows'
+  images."""
   r = config.rl
   if not sequences:
     return [], {"packing/sequences": 0}
   packed = data.pack_sequences(sequences, batch_size=int(r.batch_size), seq_len=int(r.seq_len),
                                data_parallel_size=data_parallel_size, overflow="truncate",
-                               seed=seed)
-  batches = packed.batches
+                               seed=seed, **(images.pack_kwargs() if images else {}))
+  batches = images.add(packed) if images else packed.batches
   limit = int(r.max_updates_per_iteration)
   stats = packed.stats.as_dict("packing/")
   stats["packing/over_capacity_batches"] = max(len(batches) - limit, 0)

@@ -21,9 +21,11 @@ from orchard_jax.recipes.agentic.rollouts import RolloutRunner
 from orchard_jax.recipes.agentic.run import RunContext, run_dir
 
 
-def sft_data(run: RunContext, train_tasks, env) -> sft_lib.SFTData:
+def sft_data(run: RunContext, train_tasks, env, model_config=None) -> tuple:
   """Credit-assignment SFT sequences from config.sft.source: "expert" (the domain's seed
-  trajectories on `train_tasks`), a trajectory store, or a mini-swe-agent folder."""
+  trajectories on `train_tasks`), a trajectory store, or a mini-swe-agent folder. Returns
+  (SFTData, the PolicyImages of a vision-language policy's source store or None)."""
+  from orchard_jax.recipes.agentic.images import PolicyImages
   c = run.config
   by_id = {run.domain.task_id(t): t for t in run.tasks}
   if c.sft.source == "expert":
@@ -32,20 +34,24 @@ def sft_data(run: RunContext, train_tasks, env) -> sft_lib.SFTData:
   else:
     trajectories, source_store = sft_lib.load_trajectories(
         c.sft.source, experiments=tuple(c.sft.experiments))
+  images = (PolicyImages.of(model_config, source_store,
+                            images_per_row=int(c.sft.get("images_per_row", 4)))
+            if source_store is not None else None)
   return sft_lib.credit_sequences(
       trajectories, tokenizer=run.tokenizer, annotator=run.domain.make_annotator(),
       mode=c.sft.mode, eps=float(c.sft.eps), max_tokens=int(c.sft.max_tokens), tasks=by_id,
-      store=source_store, parser=c.policy.tool_call_parser)
+      store=source_store, parser=c.policy.tool_call_parser,
+      image_tokens=images.image_tokens if images else None), images
 
 
 def stage_sft(run: RunContext, model, train_tasks, env):
   """Warm start: credit-assignment SFT into <run>/sft; returns (trained model, data stats)."""
-  data = sft_data(run, train_tasks, env)
+  data, images = sft_data(run, train_tasks, env, model.config)
   print("SFT data: " + ", ".join(f"{k}={v}" for k, v in data.stats.items()), flush=True)
   model, metrics = sft_lib.fit_sft(model, data.sequences, run.config.sft, mesh=run.mesh,
                                    workdir=os.path.join(run.dir, "sft"),
                                    seed=int(run.config.seed),
-                                   progress=bool(run.config.progress))
+                                   progress=bool(run.config.progress), images=images)
   print(f"SFT done: {metrics['steps']} steps over {metrics['batches']} batches, final loss "
         f"{metrics.get('loss', float('nan')):.4f}", flush=True)
   return model, data.stats
@@ -134,11 +140,23 @@ def _check_rl(config: ConfigDict, domain: Domain) -> None:
   if c.rl.reward == "rpr" and domain.rubrics is None:
     raise ConfigError(f"rl.reward is 'rpr' but the {domain.name} domain has no rubric set; "
                       "expected rl.reward='binary'")
+  if jax.process_count() > 1 and _has_vision(c.policy):
+    raise ConfigError("a multi-host RL run of a vision-language policy is not supported yet: "
+                      "process 0's batches carry image arrays whose shapes the other hosts "
+                      "cannot know in advance (broadcast_batches); run it on one host")
   if jax.process_count() > 1 and not (str(c.engine.urls).strip() and (
       c.opd.mode == "none" or str(c.opd.teacher_urls).strip())):
     raise ConfigError("a multi-host run needs remote engines (engine.urls, and opd.teacher_urls "
                       "with OPD; the cluster preset sets both): an embedded engine would serve a "
                       "model sharded over every host from process 0 alone and hang")
+
+
+def _has_vision(policy_block) -> bool:
+  from orchard_jax import models
+  try:
+    return models.get_preset(policy_block.preset).vision is not None
+  except Exception:  # noqa: BLE001 - an unknown preset is refused where the policy is built
+    return False
 
 
 def train_rl(config: ConfigDict, domain: Domain) -> dict:
@@ -155,6 +173,7 @@ def train_rl(config: ConfigDict, domain: Domain) -> dict:
   import jax
   from orchard_jax import train
   from orchard_jax.recipes.agentic import grpo, groups, serving, teachers
+  from orchard_jax.recipes.agentic.images import PolicyImages
   c = config
   _check_rl(c, domain)
   main_process = jax.process_index() == 0
@@ -195,8 +214,13 @@ def train_rl(config: ConfigDict, domain: Domain) -> dict:
                                            fresh=trainer.restored_step is None)
         runner = rollout_runner(run, service, env, judge=judge, experiment=c.name,
                                 log_name="rl")
+        policy_images = PolicyImages.of(model.config, run.store,
+                                        images_per_row=int(c.rl.get("images_per_row", 4)))
         for iteration in range(start_iteration, int(c.rl.iterations)):
           runner.timing = {"rollout_s": 0.0, "judge_s": 0.0}
+          begin = getattr(domain, "begin_iteration", None)   # optional: curricula
+          if begin is not None:
+            begin(iteration, int(c.rl.iterations))
           prompts = grpo.choose_prompts(
               train_tasks, int(c.rl.prompts_per_iteration) + int(c.rl.oversample),
               iteration=iteration, seed=int(c.seed))
@@ -214,7 +238,7 @@ def train_rl(config: ConfigDict, domain: Domain) -> dict:
             sequences = grpo.add_teacher_logprobs(sequences, teacher)
           batches, pack_stats = grpo.pack_updates(
               sequences, c, data_parallel_size=train.data_parallel_size(run.mesh),
-              seed=int(c.seed) + iteration)
+              seed=int(c.seed) + iteration, images=policy_images)
           stats.update(pack_stats)
           keys = list(batches[0]) if batches else list(data_keys(c))
           batches = grpo.broadcast_batches(batches, keys=keys, shape=(

@@ -51,6 +51,8 @@ class ModelService:
     weights_dir: where remote SGLang servers load new weights from (shared storage).
     wait_until_ready: wait for every remote SGLang server's /health on entering.
     description: what `description` says ("" describes the upstream).
+    image_processor: a vision-language policy's `data.images.ImageProcessor`: chats may show
+      images, which the proxy stores once by digest and the engine reads (None: text only).
   """
 
   def __init__(self, tokenizer, *, model=None, engine_config=None, urls: Sequence[str] = (),
@@ -58,7 +60,8 @@ class ModelService:
                timeout_s: float = 600.0, max_retries: int = 3, store=None,
                served_model_name: str = "policy", tool_call_parser: str = "hermes",
                model_path: str = "orchard_jax", sampling_defaults: Optional[dict] = None,
-               weights_dir: str = "", wait_until_ready: bool = False, description: str = ""):
+               weights_dir: str = "", wait_until_ready: bool = False, description: str = "",
+               image_processor: Any = None):
     self.urls = [u.strip() for u in urls if u.strip()]
     if self.urls and api not in APIS:
       raise ServingError(f"api is {api!r}; expected one of {APIS}")
@@ -80,6 +83,7 @@ class ModelService:
     self.weights_dir = weights_dir
     self.wait_until_ready = wait_until_ready
     self._description = description
+    self.image_processor = image_processor
     self.version = 0
     self.engine = None
     self.proxy = None
@@ -117,7 +121,8 @@ class ModelService:
       else:
         if not self.remote:
           self.engine = rollout.Engine(self.model, self.tokenizer, config=self.engine_config,
-                                       model_path=self.model_path, weight_version="0")
+                                       model_path=self.model_path, weight_version="0",
+                                       image_processor=self.image_processor)
           self._server = rollout.InferenceServer(self.engine,
                                                  served_model_name=self.served_model_name,
                                                  tool_call_parser=self.tool_call_parser)
@@ -135,7 +140,7 @@ class ModelService:
         self.proxy = rollout.RecordingProxy(
             upstream, tokenizer=None if self.text_only else self.tokenizer, store=self.store,
             tool_call_parser=self.tool_call_parser, served_model_name=self.served_model_name,
-            sampling_defaults=self.sampling_defaults)
+            sampling_defaults=self.sampling_defaults, image_processor=self.image_processor)
         self.proxy.__enter__()
     except BaseException:
       self.__exit__(None, None, None)
@@ -247,7 +252,9 @@ def _powers_below(max_batch: int) -> tuple[int, ...]:
 
 def policy_service(config, model, tokenizer, store, *, engine_seed: int = 0) -> ModelService:
   """The run's policy behind the proxy: the embedded engine serving `model`, or the SGLang
-  servers of `engine.urls` (with new weights from `engine.weights_dir`)."""
+  servers of `engine.urls` (with new weights from `engine.weights_dir`). A vision-language
+  policy's chats may show images (images.image_processor)."""
+  from orchard_jax.recipes.agentic.images import image_processor
   e = config.engine
   urls = [u for u in str(e.urls).split(",") if u.strip()]
   return ModelService(
@@ -257,4 +264,5 @@ def policy_service(config, model, tokenizer, store, *, engine_seed: int = 0) -> 
       tool_call_parser=config.policy.tool_call_parser,
       model_path=config.policy.init or "orchard_jax",
       sampling_defaults={"max_new_tokens": int(config.sampling.max_tokens)},
-      weights_dir=e.weights_dir, wait_until_ready=True)
+      weights_dir=e.weights_dir, wait_until_ready=True,
+      image_processor=image_processor(getattr(model, "config", None)))

@@ -69,13 +69,16 @@ def load_trajectories(source: str, *, experiments: Sequence[str] = (),
   return [t for t in found if t.resolved is not None], store
 
 
-def trajectory_sequences(trajectory: data.Trajectory, tokenizer, store=None) -> list:
+def trajectory_sequences(trajectory: data.Trajectory, tokenizer, store=None,
+                         image_tokens=None) -> list:
   """Token sequences of one trajectory: its recorded model calls when `store` has them (SFT
-  mode: sampled ids kept, text-only calls tokenised), else its messages."""
+  mode: sampled ids kept, text-only calls tokenised, their images widened by `image_tokens`:
+  digest -> token count), else its messages."""
   if store is not None and trajectory.session_id:
     calls = store.model_calls(trajectory.session_id)
     if calls:
-      return data.sequences_from_model_calls(calls, mode="sft", tokenizer=tokenizer)
+      return data.sequences_from_model_calls(calls, mode="sft", tokenizer=tokenizer,
+                                             image_tokens=image_tokens)
   return data.sft_sequences_from_messages(trajectory.messages, tokenizer, tools=trajectory.tools,
                                           session_id=trajectory.trajectory_id)
 
@@ -88,7 +91,7 @@ def count_actions(messages) -> int:
 def credit_sequences(trajectories: Sequence[data.Trajectory], *, tokenizer, annotator,
                      mode: str = "credit", eps: float = 0.05, max_tokens: int = 65536,
                      tasks: Optional[dict] = None, store=None,
-                     parser: str = "hermes") -> SFTData:
+                     parser: str = "hermes", image_tokens=None) -> SFTData:
   """Credit-assignment SFT sequences (module docstring).
 
   Args:
@@ -102,6 +105,8 @@ def credit_sequences(trajectories: Sequence[data.Trajectory], *, tokenizer, anno
     tasks: {task id: task} given to the annotator.
     store: where recorded model calls live (for trajectories with a session id).
     parser: tool-call parser for the unparsable-action filter.
+    image_tokens: digest -> an image's token count, for text-only records with images (a
+      vision-language student: images.PolicyImages.image_tokens).
   Raises:
     ConfigError (a ValueError): an unknown mode.
   """
@@ -112,7 +117,7 @@ def credit_sequences(trajectories: Sequence[data.Trajectory], *, tokenizer, anno
   for t in trajectories:
     if mode == "resolved_only" and not t.resolved:
       continue
-    sequences = trajectory_sequences(t, tokenizer, store)
+    sequences = trajectory_sequences(t, tokenizer, store, image_tokens)
     reasons = data.trajectory_filter_reasons(t, parser=parser)
     candidates.append((t, sequences))
     lengths.append(sum(len(s) for s in sequences))
@@ -157,13 +162,15 @@ def credit_sequences(trajectories: Sequence[data.Trajectory], *, tokenizer, anno
 
 
 def fit_sft(model, sequences: Sequence, sft_config, *, mesh, workdir: str, seed: int = 0,
-              progress: bool = True) -> tuple[Any, dict]:
+              progress: bool = True, images=None) -> tuple[Any, dict]:
   """Trains `model` on the weighted sequences for sft.epochs epochs; returns (model, metrics).
 
   Resumes from workdir/checkpoints when a previous run left one (a finished run returns at
   once). Batches are fixed [batch_size, seq_len]; the batch order is reshuffled every epoch.
   Rows are no longer than the longest sequence needs (rounded up to sft.chunk_size): a
   sequence length raised for long prompts (an external harness's) then pads no row to it.
+  A vision-language policy's `images` (images.PolicyImages) put the rows' images beside the
+  batches; sft.frozen names parameters not trained (e.g. ("visual",): the vision tower).
 
   Raises:
     train.TrainError: no sequence to train on.
@@ -178,13 +185,15 @@ def fit_sft(model, sequences: Sequence, sft_config, *, mesh, workdir: str, seed:
   packed = data.pack_sequences(sequences, batch_size=int(sft_config.batch_size),
                                seq_len=seq_len, data_parallel_size=dp,
                                overflow="drop", seed=seed,
-                               num_batches_multiple_of=1)
-  batches = packed.batches
+                               num_batches_multiple_of=1,
+                               **(images.pack_kwargs() if images else {}))
+  batches = images.add(packed) if images else packed.batches
   total = int(sft_config.epochs) * len(batches)
   optimizer = train.OptimizerConfig(
       learning_rate=float(sft_config.lr), end_learning_rate=float(sft_config.end_lr),
       warmup_steps=int(sft_config.warmup_steps), total_steps=total, schedule="cosine",
-      weight_decay=float(sft_config.weight_decay), max_grad_norm=float(sft_config.max_grad_norm))
+      weight_decay=float(sft_config.weight_decay), max_grad_norm=float(sft_config.max_grad_norm),
+      frozen=tuple(sft_config.get("frozen", ())))
   trainer_config = train.TrainerConfig(
       workdir=workdir, total_steps=total, optimizer=optimizer,
       microbatches=int(sft_config.microbatches),
