@@ -179,17 +179,36 @@ def miniwob_tasks(names: Optional[Sequence[str]] = None, *, seeds_per_task: int 
           for name in chosen for seed in range(base, base + seeds_per_task)]
 
 
+def names_of(value: Any, keywords: Sequence[str] = ()) -> Any:
+  """A config's list of names: a sequence, or one comma-separated string ("click-test,
+  click-button", what a command-line override gives); one of `keywords` ("all") as it is; ""
+  or None: an empty list."""
+  if value is None:
+    return []
+  if isinstance(value, str):
+    if value.strip() in keywords:
+      return value.strip()
+    return [name.strip() for name in value.split(",") if name.strip()]
+  return [str(name) for name in value]
+
+
 def load_tasks(spec: Any) -> list:
-  """Tasks from a config block: {"miniwob": [names] or "experts" or "all", "miniwob_seeds": n,
-  "sites": [families] or "all" or [], "split": "train" | "eval"}."""
+  """Tasks from a config block: {"miniwob": names or "experts" or "all", "miniwob_seeds": n,
+  "sites": families or "all" or "", "open_file": path, "split": "train" | "eval"}; names are a
+  sequence or one comma-separated string.
+
+  Raises:
+    ValueError: an unknown MiniWoB++ task or site family.
+    TaskFormatError: a malformed open-tasks file.
+  """
   split = spec.get("split", "train")
   out = []
-  names = spec.get("miniwob", "experts")
+  names = names_of(spec.get("miniwob", "experts"), ("experts", "all"))
   if names:
     chosen = (None if names == "experts" else miniwob.task_names() if names == "all"
               else list(names))
     out += miniwob_tasks(chosen, seeds_per_task=int(spec.get("miniwob_seeds", 1)), split=split)
-  families = spec.get("sites", "all")
+  families = names_of(spec.get("sites", "all"), ("all",))
   if families:
     out += site_tasks(None if families == "all" else list(families), split=split)
   if spec.get("open_file"):

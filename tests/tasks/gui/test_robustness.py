@@ -5,7 +5,7 @@
 - a page that hangs, or a browser that crashes, ends the episode as aborted with the reason;
 - no Chromium process outlives its sandbox: after a rollout, after a crash, and after the env
   service is killed with SIGKILL (processes found from the host by the sandbox's pid namespace);
-- viewport, device scale and screenshot format are configuration;
+- viewport, device scale, screenshot format and the accessibility tree are configuration;
 - the same browser sandbox runs on the Kubernetes backend (against tests/env/fake_kube.py: no
   cluster can run here; each pod still runs the real agent and Chromium in bubblewrap).
 """
@@ -22,6 +22,7 @@ from orchard_jax.tasks.gui import episode, miniwob, solutions
 from orchard_jax.tasks.gui.expert import ScriptedReply
 from orchard_jax.tasks.gui.sandbox import CONTROL_PORT, BrowserConfig, BrowserSandbox
 from orchard_jax.tasks.gui.task import miniwob_tasks, site_tasks
+from orchard_jax.tasks.gui.tools import BrowserTools
 from tests.tasks.gui.conftest import browser_namespace, chromium_pids, processes_in_namespace
 
 pytestmark = pytest.mark.slow
@@ -102,15 +103,21 @@ def fragile(env_client):
   return config
 
 
-def test_viewport_scale_and_format_are_configuration(env_client, fragile):
+def test_viewport_scale_format_and_a11y_are_configuration(env_client, fragile):
   with BrowserSandbox(env_client, fragile, sites=["shop"]) as browser:
     obs = browser.open("http://shop.test/")
     assert obs.screenshot[:3] == b"\xff\xd8\xff" and obs.format == "jpeg"
     assert (obs.width, obs.height) == (800, 600) == fragile.image_size
     assert browser.evaluate("[innerWidth, innerHeight, devicePixelRatio]") == [400, 300, 2]
-  with BrowserSandbox(env_client, BrowserConfig(viewport=(320, 240))) as browser:
+  with BrowserSandbox(env_client, BrowserConfig(viewport=(320, 240), a11y=True)) as browser:
     obs = browser.open(miniwob.url("click-test"))
     assert obs.screenshot[:8] == b"\x89PNG\r\n\x1a\n" and (obs.width, obs.height) == (320, 240)
+    # a text-only policy's observation: the accessibility tree names the page's button
+    assert "button" in obs.a11y.lower() and "Click Me!" in obs.a11y, obs.a11y
+    text_only = BrowserTools(browser, observation="a11y").observe()["content"]
+    assert [p["type"] for p in text_only] == ["text", "text"]
+    assert text_only[1]["text"].startswith("Accessibility tree:\n") and "Click Me!" in \
+        text_only[1]["text"]
 
 
 def test_a_hung_page_aborts_the_episode_with_the_reason_and_leaves_nothing(env_client, fragile):
