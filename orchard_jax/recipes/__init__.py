@@ -4,6 +4,7 @@
              evaluation, value model, distillation); it imports no domain
   swe/       the SWE domain (`SWEDomain`) and its jobs
   claw.py    the Claw domain (`ClawDomain`, assistant tasks on sandboxed services) and its jobs
+  gui.py     the GUI domain (`GUIDomain`, browser tasks in sandboxed Chromium) and its jobs
   lm.py      plain language-model SFT on a text corpus
 
 `launch/run.py` reads an experiment config and calls `run_job(config)`, which looks up
@@ -21,6 +22,10 @@ JOBS = {
     "claw.sft": "claw:sft",
     "claw.rl": "claw:train_rl",
     "claw.evaluate": "claw:evaluate",
+    "gui.tasks": "gui:build_tasks",
+    "gui.sft": "gui:sft",
+    "gui.rl": "gui:train_rl",
+    "gui.evaluate": "gui:evaluate",
     "swe.build_tasks": "swe:build_tasks",
     "swe.evaluate": "swe:evaluate",
     "swe.sft": "swe:sft",
