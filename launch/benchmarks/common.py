@@ -16,6 +16,7 @@ SUITES = {
     "env": "env",
     "claw": "claw",
     "vlm": "vlm",
+    "gui": "gui",
 }
 
 
