@@ -122,6 +122,29 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
   return out.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
 
 
+def fused_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
+                           implementation: str) -> jax.Array:
+  """causal_attention through jax.nn.dot_product_attention (ModelConfig.attention_impl).
+
+  The causal mask is the function's own (is_causal, what cuDNN's fused kernel applies
+  without materialising it); packed segments add an explicit [batch, 1, seq, seq] mask of
+  same-segment pairs. Padding queries (segment 0) may read nothing: their rows are zeroed, as
+  their outputs are never used.
+
+  Args:
+    q: [batch, seq, heads, head_dim]; k, v: [batch, seq, kv_heads, head_dim].
+    segment_ids: [batch, seq] int.
+    implementation: "xla" or "cudnn" (jax.nn.dot_product_attention's).
+  Returns:
+    [batch, seq, heads, head_dim] in q's dtype.
+  """
+  same = ((segment_ids[:, :, None] == segment_ids[:, None, :])
+          & (segment_ids[:, None, :] != 0))[:, None]
+  out = jax.nn.dot_product_attention(q, k, v, mask=same, is_causal=True,
+                                     implementation=implementation)
+  return jnp.where((segment_ids != 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
+
+
 def _block_bounds(t: int, block: int) -> list[tuple[int, int]]:
   return [(start, min(t, start + block)) for start in range(0, t, block)]
 
@@ -204,6 +227,7 @@ class Attention(nnx.Module):
     init = normal(config.initializer_range)
     self.dtype = dtype_of(config.dtype)
     self.block = config.attention_block_size
+    self.impl = config.attention_impl
     self.q_proj = param(rngs, init, (d, h, hd), ("embed", "q_heads", "head_dim"), pdt)
     self.k_proj = param(rngs, init, (d, kvh, hd), ("embed", "kv_heads", "head_dim"), pdt)
     self.v_proj = param(rngs, init, (d, kvh, hd), ("embed", "kv_heads", "head_dim"), pdt)
@@ -241,8 +265,10 @@ class Attention(nnx.Module):
     k = apply_rope(self.k_norm(k), cos, sin)
     q = constrain(q, ("batch", "seq", "act_heads", "head_dim"))
     new_cache = None
-    if cache is None:
+    if cache is None and self.impl == "blocked":
       o = causal_attention(q, k, v, segment_ids, self.block)
+    elif cache is None:
+      o = fused_causal_attention(q, k, v, segment_ids, self.impl)
     else:
       new_cache = write_cache(cache, k, v, write_slots)
       o = cached_attention(q, new_cache.k, new_cache.v, mask)

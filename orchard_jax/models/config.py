@@ -16,6 +16,7 @@ ARCHITECTURES = ("qwen3", "qwen3_moe", "qwen3_5_moe")
 LAYER_TYPES = ("full_attention", "linear_attention")
 MOE_DISPATCH = ("sort", "ragged", "dense", "decode")
 EXPERT_LOOPS = ("auto", "einsum", "unrolled")
+ATTENTION_IMPLS = ("blocked", "xla", "cudnn")
 MOE_GROUPS = ("auto", "row", "batch")
 DTYPES = ("float32", "bfloat16", "float16")
 VISION_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")
@@ -207,6 +208,11 @@ class ModelConfig:
     gdn_chunk_size: chunk length of the chunked Gated DeltaNet used for multi-token calls.
     attention_block_size: query block length of full-sequence causal attention; key blocks
       wholly in a query block's future are skipped.
+    attention_impl: full-sequence causal attention (no cache): "blocked" (the default,
+      models.attention.causal_attention: future key blocks skipped, written-out backward; fast
+      on CPU), or jax.nn.dot_product_attention with that implementation: "xla" (any backend)
+      or "cudnn" (cuDNN's fused flash attention, NVIDIA GPUs only). Same result up to float
+      rounding; decoding over a cache always uses the cached path.
     dtype: activation / matmul dtype. param_dtype: storage dtype of parameters. Norms, softmax,
       router and the DeltaNet recurrence always run in float32.
     remat: rematerialise each decoder layer in the backward pass (saves activation memory at
@@ -251,6 +257,7 @@ class ModelConfig:
   moe_expert_loop: str = "auto"
   gdn_chunk_size: int = 64
   attention_block_size: int = 256
+  attention_impl: str = "blocked"
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False
@@ -302,6 +309,8 @@ class ModelConfig:
       need(self.linear_conv_kernel_dim >= 1, "linear_conv_kernel_dim >= 1",
            self.linear_conv_kernel_dim)
       need(self.gdn_chunk_size >= 1, "gdn_chunk_size >= 1", self.gdn_chunk_size)
+    need(self.attention_impl in ATTENTION_IMPLS, f"attention_impl in {ATTENTION_IMPLS}",
+         repr(self.attention_impl))
     need(self.attention_block_size >= 1, "attention_block_size >= 1", self.attention_block_size)
     need(0 < self.partial_rotary_factor <= 1, "0 < partial_rotary_factor <= 1",
          self.partial_rotary_factor)
