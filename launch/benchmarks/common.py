@@ -17,6 +17,8 @@ SUITES = {
     "claw": "claw",
     "vlm": "vlm",
     "gui": "gui",
+    "gpu": "gpu",
+    "sglang": "sglang",
 }
 
 

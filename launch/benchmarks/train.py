@@ -70,11 +70,28 @@ def _batch(vocab: int, batch: int, seq: int) -> dict:
 
 def _ours(preset: str, batch: int, seq: int, microbatches: int
           ) -> tuple[float, roofline.Cost]:
+  from orchard_jax import models
+  return train_step_throughput(models.get_preset(preset), batch, seq, microbatches,
+                               warmup=_WARMUP, repeats=_REPEATS)
+
+
+def train_step_throughput(config, batch: int, seq: int, microbatches: int, *, warmup: int,
+                          repeats: int) -> tuple[float, roofline.Cost]:
+  """Tokens/s of one full orchard_jax train step (SFT loss, AdamW) and XLA's cost of it.
+
+  Args:
+    config: models.ModelConfig (its dtype is the compute dtype, param_dtype the master
+      weights').
+    batch, seq: rows and tokens per row of the global batch (random ids).
+    microbatches: gradient-accumulation steps.
+    warmup, repeats: untimed steps after compilation, then timed ones (median counts).
+  Returns:
+    (tokens per second, roofline.Cost of the compiled step).
+  """
   import jax
   from flax import nnx
 
   from orchard_jax import models, parallel, train
-  config = models.get_preset(preset)
   mesh = parallel.make_mesh({"data": -1}) if batch % len(jax.devices()) == 0 else \
       parallel.make_mesh({"data": 1}, devices=jax.devices()[:1])
   model = parallel.create_sharded(lambda: models.CausalLM(config, rngs=nnx.Rngs(0)), mesh)
@@ -98,7 +115,7 @@ def _ours(preset: str, batch: int, seq: int, microbatches: int
       state["s"], metrics = compiled(state["s"], data)
     jax.block_until_ready(metrics["loss"])
 
-  times = common.time_calls(one, warmup=_WARMUP, repeats=_REPEATS)
+  times = common.time_calls(one, warmup=warmup, repeats=repeats)
   del state, model
   return batch * seq / statistics.median(times), cost
 
