@@ -393,12 +393,21 @@ def evaluate(config: ConfigDict) -> dict:
 def claw_summary(report: Mapping[str, Any], services: Mapping[str, Sequence[str]],
                  scores: Mapping[tuple, float], k: int) -> dict[str, scoring.Summary]:
   """pass@k / pass^k per service and overall from the loop's evaluation report (its
-  per-instance verdicts, attempts in order) and each trial's task_score."""
+  per-instance verdicts, aborted flags and statuses, attempts in order) and each trial's
+  task_score. A trial is aborted exactly when the loop counted it aborted (its exit or outcome
+  status is one of ClawDomain.aborted_statuses, or the rollout raised or ran out of time), so
+  the table's aborted column sums to the loop's own count."""
   trials = {}
   for split in report.values():
+    aborted = split.get("per_instance_aborted", {})
+    statuses = split.get("per_instance_status", {})
     for task_id, verdicts in split["per_instance"].items():
-      trials[task_id] = [{"passed": bool(v), "task_score": scores.get((task_id, a), 0.0)}
-                         for a, v in enumerate(verdicts)]
+      flags, status = aborted.get(task_id, ()), statuses.get(task_id, ())
+      trials[task_id] = [
+          {"passed": bool(v), "task_score": scores.get((task_id, a), 0.0),
+           "status": status[a] if a < len(status) else None,
+           **({"aborted": bool(flags[a])} if a < len(flags) else {})}
+          for a, v in enumerate(verdicts)]
   return scoring.summarize(trials, {i: services.get(i, ()) for i in trials}, k)
 
 

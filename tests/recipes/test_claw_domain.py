@@ -5,6 +5,8 @@ grading read back by the loop's `grade`, seed trajectories for SFT, and the claw
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from experiments import common
 from orchard_jax import data
@@ -184,3 +186,62 @@ def test_claw_rl_refuses_a_bad_harness_before_any_work(tmp_path):
     claw.train_rl(c)
   import os
   assert not os.path.exists(c.workdir)
+
+
+EXIT_STATUSES = ("Submitted", "LimitsExceeded", "TimeExceeded", "ModelError", "HarnessFailed",
+                 "aborted")
+OUTCOME_STATUSES = (None, "passed", "failed", "aborted", "grader_error")
+
+
+class _FinishedRuns:
+  """Stands in for RolloutRunner in the loop's `evaluate_policy`: hands back rollouts already
+  run (no engine or sandbox can run inside a property test), each flagged aborted by the loop's
+  own StatusRules for the Claw domain, as RolloutRunner.run flags them."""
+
+  def __init__(self, domain, rows):
+    self.domain, self.rows = domain, rows
+
+  def run_with_progress(self, requests, description, progress_factory, **kwargs):
+    from orchard_jax.recipes.agentic.rollouts import Rollout
+    rules = StatusRules.of(self.domain)
+    out = []
+    for request in requests:
+      exit_status, status = self.rows[(request.task.id, request.attempt)]
+      outcome = {} if status is None else {"status": status, "resolved": status == "passed"}
+      trajectory = data.Trajectory(trajectory_id=f"{request.task.id}-{request.attempt}",
+                                   task_id=request.task.id, attempt=request.attempt,
+                                   exit_status=exit_status, outcome=outcome)
+      out.append(Rollout(request, trajectory.trajectory_id, trajectory,
+                         aborted=rules.is_aborted(trajectory), seconds=0.0,
+                         truncated=rules.is_truncated(trajectory)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def eval_tasks():
+  return claw_tasks.eval_tasks()
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_claw_table_counts_aborted_rollouts_as_the_loop_does(domain, eval_tasks, data_):
+  """The claw_eval table's aborted column agrees with the loop's `aborted N` for any mix of
+  exit and outcome statuses (the lead saw `aborted 6` from the loop beside `aborted 0` in the
+  table when every codex rollout hit its 10-minute budget: TimeExceeded)."""
+  from orchard_jax.recipes.agentic.evaluation import evaluate_policy
+  from orchard_jax.recipes.claw import claw_summary
+  tasks = eval_tasks[:data_.draw(st.integers(1, 4), label="tasks")]
+  k = 3
+  rows = {(t.id, a): (data_.draw(st.sampled_from(EXIT_STATUSES)),
+                      data_.draw(st.sampled_from(OUTCOME_STATUSES)))
+          for t in tasks for a in range(k)}
+  report = evaluate_policy(_FinishedRuns(domain, rows), {"heldout": tasks}, k=k, seed=0)
+  summary = claw_summary(report, {t.id: t.services for t in tasks}, {}, k)
+  assert summary["all"].aborted == report["heldout"]["aborted"]
+  assert summary["all"].trials == report["heldout"]["attempts"] == len(rows)
+  assert summary["all"].grader_errors == sum(s == "grader_error" for _, s in rows.values())
+  for service in {s for t in tasks for s in t.services}:
+    mine = [key for key in rows if service in next(t for t in tasks if t.id == key[0]).services]
+    assert summary[service].aborted == sum(report["heldout"]["per_instance_aborted"][i][a]
+                                           for i, a in mine)

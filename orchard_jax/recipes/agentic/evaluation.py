@@ -49,7 +49,9 @@ def evaluate_policy(runner: RolloutRunner, splits: dict[str, Sequence[Any]], *,
     progress_factory: (total, description) -> progress bar, or None.
   Returns:
     {split: {"instances", "attempts", "pass@1", "pass@1_ci95", "pass@k", "random@k",
-     "resolved", ..., "per_instance": {task id: [resolved per attempt]}}}.
+     "resolved", "aborted", ..., "per_instance": {task id: [resolved per attempt]},
+     "per_instance_aborted": {task id: [aborted per attempt]} (they sum to "aborted"),
+     "per_instance_status": {task id: [outcome status, else exit status, per attempt]}}}.
   """
   report: dict[str, Any] = {}
   task_id = runner.domain.task_id
@@ -63,8 +65,9 @@ def evaluate_policy(runner: RolloutRunner, splits: dict[str, Sequence[Any]], *,
     by_instance: dict[str, list] = {}
     for rollout in rollouts:
       by_instance.setdefault(task_id(rollout.request.task), []).append(rollout)
-    labels = {iid: [r.resolved for r in sorted(rs, key=lambda r: r.request.attempt)]
-              for iid, rs in by_instance.items()}
+    for rs in by_instance.values():
+      rs.sort(key=lambda r: r.request.attempt)
+    labels = {iid: [r.resolved for r in rs] for iid, rs in by_instance.items()}
     resolved = int(sum(sum(v) for v in labels.values()))
     split_report = {
         "instances": len(tasks), "attempts": len(rollouts), "k": k, "resolved": resolved,
@@ -74,6 +77,9 @@ def evaluate_policy(runner: RolloutRunner, splits: dict[str, Sequence[Any]], *,
         f"pass@{k}": float(np.mean([rl.pass_at_k(len(v), sum(v), k) for v in labels.values()])),
         f"random@{k}": float(np.mean([rl.random_at_k(v, k) for v in labels.values()])),
         "per_instance": labels,
+        "per_instance_aborted": {iid: [r.aborted for r in rs] for iid, rs in by_instance.items()},
+        "per_instance_status": {iid: [r.trajectory.outcome.get("status") or r.trajectory.exit_status
+                                      for r in rs] for iid, rs in by_instance.items()},
     }
     if value_scorer is not None:
       probs = value_scorer(rollouts)

@@ -108,7 +108,12 @@ class Summary:
     tasks: tasks in the group.
     pass_at_k, pass_hat_k: fractions of those tasks.
     mean_score: mean task_score over every trial.
-    trials: trials counted; grader_errors, aborted: trials with those outcomes.
+    trials: trials counted.
+    grader_errors: trials whose grader raised (status "grader_error").
+    aborted: trials that were aborted: flagged "aborted" by the caller (the agentic loop's
+      rule, which also counts a grader error, the wall-clock budget and a model-call failure),
+      else those with status "aborted". Grader errors are thus a part of aborted trials when
+      the loop's flags are given.
   """
   tasks: int = 0
   pass_at_k: float = 0.0
@@ -127,7 +132,8 @@ def summarize(trials: Mapping[str, Sequence[Mapping]], services: Mapping[str, Se
   """pass@k / pass^k per service and overall ("all").
 
   Args:
-    trials: task id -> its trials, each {"passed": bool, "task_score": float, "status": str}.
+    trials: task id -> its trials, each {"passed": bool, "task_score": float, "status": str}
+      and optionally "aborted": bool (overrides status == "aborted" as the aborted test).
       Only the first k trials of a task count; a task with fewer than k counts with what it has
       for pass@k and as failed for pass^k (an unfinished trial cannot be said to pass).
     services: task id -> the services it uses; a task counts toward each of them.
@@ -148,7 +154,7 @@ def summarize(trials: Mapping[str, Sequence[Mapping]], services: Mapping[str, Se
       s.pass_hat_k += pass_hat_k(verdicts) and len(verdicts) == k
       scores += [float(t.get("task_score", 0.0)) for t in done]
       s.grader_errors += sum(t.get("status") == "grader_error" for t in done)
-      s.aborted += sum(t.get("status") == "aborted" for t in done)
+      s.aborted += sum(bool(t.get("aborted", t.get("status") == "aborted")) for t in done)
       s.trials += len(done)
     if ids:
       s.pass_at_k /= len(ids)
