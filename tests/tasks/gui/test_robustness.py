@@ -9,6 +9,7 @@
 - the same browser sandbox runs on the Kubernetes backend (against tests/env/fake_kube.py: no
   cluster can run here; each pod still runs the real agent and Chromium in bubblewrap).
 """
+import dataclasses
 import json
 import sys
 import time
@@ -122,7 +123,10 @@ def test_viewport_scale_format_and_a11y_are_configuration(env_client, fragile):
 
 def test_a_hung_page_aborts_the_episode_with_the_reason_and_leaves_nothing(env_client, fragile):
   task = site_tasks(["shop/cheapest"])[0]
-  with BrowserSandbox(env_client, fragile, sites=["shop"]) as browser:
+  # the harness gives up on a control call after 10 s (the driver's own 2-3 s limits come first
+  # when it can still answer)
+  hung = dataclasses.replace(fragile, step_timeout_s=10.0)
+  with BrowserSandbox(env_client, hung, sites=["shop"]) as browser:
     namespace, pids = browser_namespace(browser)
 
     def agent(tools, instruction):
