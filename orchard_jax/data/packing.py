@@ -9,7 +9,8 @@ the data-parallel devices, so that no device ever sees a different shape (docs/c
 A batch is a dict of numpy arrays, all [batch_size, seq_len]:
   input_ids int32, positions int32 (0, 1, ... restarting at every segment), segment_ids int32
   (1..k in each row, 0 = padding), loss_weights float32, old_logprobs float32, advantages
-  float32; and, when any sequence carries them, teacher_logprobs + teacher_mask float32 (OPD)
+  float32, temperatures float32 (the softmax temperature each token was sampled at, which
+  old_logprobs are of; 1 on context tokens and padding); and, when any sequence carries them, teacher_logprobs + teacher_mask float32 (OPD)
   and ref_logprobs float32 (KL); with `value_labels` given, value_labels float32 (each
   sequence's label, e.g. its trajectory's resolved outcome, on all of its tokens; 0 on padding:
   what `train.ValueLoss` reads). Per-token values keep the alignment of the sequences: the
@@ -35,9 +36,9 @@ from orchard_jax.data.sequences import TrainingSequence
 PackedBatch = dict  # str -> np.ndarray [batch, seq]
 
 REQUIRED_KEYS = ("input_ids", "positions", "segment_ids", "loss_weights", "old_logprobs",
-                 "advantages")
-_FLOAT_KEYS = ("loss_weights", "old_logprobs", "advantages", "teacher_logprobs",
-               "teacher_mask", "ref_logprobs")
+                 "advantages", "temperatures")
+_FLOAT_KEYS = ("loss_weights", "old_logprobs", "advantages", "temperatures",
+               "teacher_logprobs", "teacher_mask", "ref_logprobs")
 OVERFLOW_POLICIES = ("truncate", "drop", "error")
 
 
@@ -224,6 +225,7 @@ def pack_sequences(sequences: Sequence[TrainingSequence], *, batch_size: int, se
   for key in REQUIRED_KEYS[3:] + optional + (("value_labels",) if value_labels is not None
                                               else ()):
     arrays[key] = np.zeros(shape, np.float32)
+  arrays["temperatures"][:] = 1.0
   slot = np.empty(num_rows, np.int64)
   slot[row_order] = np.arange(num_rows)  # final row index of each first-fit row
   segments_in_row = np.zeros(num_rows, np.int32)
@@ -243,6 +245,7 @@ def pack_sequences(sequences: Sequence[TrainingSequence], *, batch_size: int, se
     arrays["loss_weights"][out, start] = 0.0  # nothing predicts a segment's first token
     arrays["old_logprobs"][out, span] = seq.old_logprobs[:n]
     arrays["advantages"][out, span] = seq.advantages[:n]
+    arrays["temperatures"][out, span] = seq.temperatures[:n]
     for key in optional:
       value = getattr(seq, key)
       if value is not None:

@@ -32,7 +32,8 @@ class ModelCall:
   """One model call recorded by the proxy (one chat-completion request and its response).
 
   Token alignment: `output_logprobs[j]` is the sampling policy's log-prob of `output_ids[j]`
-  given `prompt_ids + output_ids[:j]` (what engines report as output_token_logprobs).
+  given `prompt_ids + output_ids[:j]` (what engines report as output_token_logprobs), under the
+  distribution the token was sampled from: log_softmax(logits / temperature).
 
   Attributes:
     session_id: the harness session (proxy URL /sessions/{session_id}/v1).
@@ -58,6 +59,11 @@ class ModelCall:
       ids, and the record can train SFT (re-tokenised by the student) but never RL.
     model: the served model name.
     policy_version: version of the weights that sampled (RL staleness), or None.
+    temperature: the softmax temperature of the distribution `output_ids` were sampled from and
+      `output_logprobs` are of (the request's sampling temperature; 1.0 for a greedy call,
+      whose log-probs are of the raw logits). The trainer computes its log-probs of these
+      tokens at this temperature (docs/algorithms.md section 3). Records written before the
+      field existed read as 1.0, which is what their log-probs were taken at.
     sampling_params: temperature, top_p, max_new_tokens, ... as sent.
     started_at, finished_at: unix time in seconds.
     metadata: anything else (usage, upstream URL, errors).
@@ -80,6 +86,7 @@ class ModelCall:
   text_only: bool = False
   model: str | None = None
   policy_version: int | None = None
+  temperature: float = 1.0
   sampling_params: dict = dataclasses.field(default_factory=dict)
   started_at: float = 0.0
   finished_at: float = 0.0
@@ -97,6 +104,10 @@ class ModelCall:
            "a non-empty string", self.session_id)
     _check(isinstance(self.call_index, int) and self.call_index >= 0, "call_index",
            "an int >= 0", self.call_index)
+    _check(isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
+           and 0 < self.temperature < float("inf"), "temperature",
+           "a finite number > 0 (1.0 for greedy calls)", self.temperature)
+    self.temperature = float(self.temperature)
     if self.output_logprobs:
       _check(len(self.output_logprobs) == len(self.output_ids), "output_logprobs",
              f"one log-prob per output id ({len(self.output_ids)})",

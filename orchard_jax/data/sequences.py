@@ -42,6 +42,10 @@ class TrainingSequence:
     input_ids: [n] int32 token ids.
     loss_weights: [n] float32; 1 on sampled (assistant) tokens, 0 elsewhere; [0] == 0.
     old_logprobs: [n] float32 sampling log-prob of input_ids[t]; 0 where unknown.
+    temperatures: [n] float32 softmax temperature of the distribution input_ids[t] was sampled
+      from and old_logprobs[t] is of (its call's `ModelCall.temperature`); 1 on prompt and
+      observation tokens and where nothing was sampled. The policy loss computes pi_theta at
+      these temperatures (docs/algorithms.md section 3); SFT ignores them.
     action_ids: [n] int32 index of the assistant turn that sampled the token, counted over
       the session's delivered calls (the turns the harness saw: 0, 1, 2, ... as its steps);
       -1 for prompt/observation tokens. Credit-assignment SFT and per-turn rewards weight
@@ -59,6 +63,7 @@ class TrainingSequence:
   loss_weights: np.ndarray
   old_logprobs: np.ndarray
   action_ids: np.ndarray
+  temperatures: np.ndarray | None = None
   advantages: np.ndarray | None = None
   teacher_logprobs: np.ndarray | None = None
   teacher_mask: np.ndarray | None = None
@@ -77,6 +82,10 @@ class TrainingSequence:
     self.loss_weights = _vector(self.loss_weights, n, np.float32, "loss_weights")
     self.old_logprobs = _vector(self.old_logprobs, n, np.float32, "old_logprobs")
     self.action_ids = _vector(self.action_ids, n, np.int32, "action_ids")
+    self.temperatures = (np.ones(n, np.float32) if self.temperatures is None
+                         else _vector(self.temperatures, n, np.float32, "temperatures"))
+    if not np.all(np.isfinite(self.temperatures) & (self.temperatures > 0)):
+      raise DataError("temperatures must be finite and > 0 (1 where nothing was sampled)")
     self.advantages = (np.zeros(n, np.float32) if self.advantages is None
                        else _vector(self.advantages, n, np.float32, "advantages"))
     for name in ("teacher_logprobs", "teacher_mask", "ref_logprobs"):
@@ -313,14 +322,19 @@ def _join(session_id: str, calls: Sequence[ModelCall], pieces) -> list[TrainingS
     else:
       if current is not None:
         sequences.append(current)
-      current = {"ids": [], "weights": [], "logprobs": [], "actions": [], "calls": [],
-                 "segment": call.segment_index, "known": True}
+      current = {"ids": [], "weights": [], "logprobs": [], "temperatures": [], "actions": [],
+                 "calls": [], "segment": call.segment_index, "known": True}
       context = prompt
     current["images"] = images
     n_out = len(output)
     current["ids"] += [context, np.asarray(output, np.int32)]
     current["weights"] += [np.zeros(len(context), np.float32), np.ones(n_out, np.float32)]
     current["logprobs"] += [np.zeros(len(context), np.float32), np.asarray(logprobs, np.float32)]
+    # The temperature the sampled tokens' log-probs are of (1 for text-only records: nothing
+    # was sampled here).
+    temperature = 1.0 if call.text_only else call.temperature
+    current["temperatures"] += [np.ones(len(context), np.float32),
+                                np.full(n_out, temperature, np.float32)]
     current["actions"] += [np.full(len(context), -1, np.int32),
                            np.full(n_out, turn, np.int32)]
     current["calls"].append(call.call_index)
@@ -335,7 +349,7 @@ def _join(session_id: str, calls: Sequence[ModelCall], pieces) -> list[TrainingS
     result.append(TrainingSequence(
       input_ids=np.concatenate(s["ids"]), loss_weights=weights,
       old_logprobs=np.concatenate(s["logprobs"]), action_ids=np.concatenate(s["actions"]),
-      session_id=session_id, segment_index=s["segment"], call_indices=tuple(s["calls"]),
+      temperatures=np.concatenate(s["temperatures"]), session_id=session_id, segment_index=s["segment"], call_indices=tuple(s["calls"]),
       logprobs_known=s["known"], images=s["images"]))
   return result
 

@@ -359,16 +359,22 @@ class SGLangClient(_ClientBase):
     return [r for chunk in results for r in chunk]
 
   def score(self, input_ids: Sequence[int], *, logprob_start_len: int = 0,
-            session_id: Optional[str] = None) -> list[Optional[float]]:
+            session_id: Optional[str] = None, temperature: float = 1.0
+            ) -> list[Optional[float]]:
     """Log-probs of given ids without sampling (on-policy distillation's teacher).
 
-    Sends max_new_tokens=0 with return_logprob. Entry i is log p(ids[start + i] | ids[:start +
-    i]); the entry of ids[0] is None (no context), as SGLang reports it.
+    Sends max_new_tokens=0 with return_logprob and `temperature`. Entry i is log p(ids[start +
+    i] | ids[:start + i]); the entry of ids[0] is None (no context), as SGLang reports it.
+    The embedded engine's prompt log-probs are of logits / temperature (the distribution a
+    request at that temperature samples from; rollout/sampling.py). A stock SGLang server
+    reports prompt log-probs of the raw logits whatever the temperature unless it was started
+    with temperature-scaled log-probs; score at temperature 1 there, or enable that.
 
     Returns:
       A list of len(input_ids) - logprob_start_len floats (None for position 0).
     """
-    response = self.generate(input_ids=input_ids, sampling_params={"max_new_tokens": 0},
+    response = self.generate(input_ids=input_ids,
+                             sampling_params={"max_new_tokens": 0, "temperature": temperature},
                              return_logprob=True, logprob_start_len=logprob_start_len,
                              session_id=session_id)
     return _scores(response, len(input_ids), logprob_start_len)
@@ -592,11 +598,12 @@ class AsyncSGLangClient(_ClientBase):
     return [r for body in parts for r in _parse_generate(body, True, "")]
 
   async def score(self, input_ids: Sequence[int], *, logprob_start_len: int = 0,
-                  session_id: Optional[str] = None) -> list[Optional[float]]:
+                  session_id: Optional[str] = None, temperature: float = 1.0
+                  ) -> list[Optional[float]]:
     """See `SGLangClient.score`."""
     response = await self.generate(
-      input_ids=input_ids, sampling_params={"max_new_tokens": 0}, return_logprob=True,
-      logprob_start_len=logprob_start_len, session_id=session_id)
+      input_ids=input_ids, sampling_params={"max_new_tokens": 0, "temperature": temperature},
+      return_logprob=True, logprob_start_len=logprob_start_len, session_id=session_id)
     return _scores(response, len(input_ids), logprob_start_len)
 
   async def model_info(self, url: Optional[str] = None) -> ModelInfo:

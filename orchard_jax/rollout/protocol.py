@@ -92,7 +92,9 @@ class SamplingParams(BaseModel):
       text is cut before it unless no_stop_trim; output ids keep every sampled token.
     stop_token_ids: ids that end generation (in addition to the tokenizer's end-of-turn ids
       unless ignore_eos); the stop id is kept in output_ids.
-    temperature: softmax temperature; 0 means greedy (argmax).
+    temperature: softmax temperature; below 1e-6 (0 included) means greedy (argmax). Log-probs
+      returned for the request (output, prompt and top log-probs) are of logits / temperature,
+      of the raw logits for a greedy request (`logprob_temperature`; rollout/sampling.py).
     top_p: nucleus sampling mass in (0, 1].
     top_k: keep the k most likely tokens; -1 keeps all.
     min_p: keep tokens with probability >= min_p * the most likely token's probability.
@@ -143,6 +145,11 @@ class SamplingParams(BaseModel):
       if not text:
         raise ValueError("a stop string is empty; it would end every output at its first token")
     return value
+
+  @property
+  def logprob_temperature(self) -> float:
+    """The temperature the request's log-probs are of: `temperature`, or 1.0 when greedy."""
+    return self.temperature if self.temperature >= 1e-6 else 1.0
 
   @property
   def stop_strings(self) -> list[str]:

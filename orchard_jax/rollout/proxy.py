@@ -825,6 +825,7 @@ class RecordingProxy:
           response=returned, finish_reason=response.choices[0].finish_reason,
           delivered=delivered, text_only=False, model=self.served_model_name,
           policy_version=_version(out.meta_info.weight_version),
+          temperature=params.logprob_temperature,
           sampling_params=params.model_dump(exclude_defaults=True),
           started_at=call.started_at, finished_at=finished_at, metadata=metadata)
 
@@ -857,6 +858,7 @@ class RecordingProxy:
         segment_index=self._segment_of(session, call.plan), messages=call.messages,
         tools=call.tools, response=None, finish_reason="abort", delivered=False,
         text_only=False, model=self.served_model_name,
+        temperature=call.params.logprob_temperature,
         sampling_params=call.params.model_dump(exclude_defaults=True),
         started_at=call.started_at, finished_at=finished_at,
         metadata={"upstream": self.upstream.description, "reused_prompt_ids": call.plan.reused,

@@ -33,7 +33,8 @@ import numpy as np
 from flax import nnx
 
 from orchard_jax.rollout.errors import WeightUpdateError
-from orchard_jax.rollout.sampling import SamplingMode, row_keys, sample_next, top_logprobs
+from orchard_jax.rollout.sampling import (
+  SamplingMode, logprob_temperature, row_keys, sample_next, top_logprobs)
 
 
 class ModelRunner:
@@ -175,7 +176,7 @@ class ModelRunner:
     return cache.replace(lengths=jnp.minimum(cache.lengths, keep))
 
   def _prefill_impl(self, params, cache, ids, positions, segment_ids, next_ids, last_col,
-                    visual, *, top_k_num: int, prompt_logprobs: bool):
+                    visual, temperature, *, top_k_num: int, prompt_logprobs: bool):
     self._count_trace()
     model = nnx.merge(self.graphdef, params, self.rest)
     rows = jnp.arange(ids.shape[0])
@@ -188,9 +189,10 @@ class ModelRunner:
       return cache, {"last_logits": model.logits(hidden[rows, last_col]).astype(jnp.float32)}
     logits, _, cache = model(ids, positions, segment_ids, cache=cache, **extra)
     logits = logits.astype(jnp.float32)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    next_lp = jnp.take_along_axis(logp, next_ids[..., None], axis=-1)[..., 0]
     last_logits = logits[rows, last_col]
+    # Prompt log-probs of each row's distribution: logits / its log-prob temperature.
+    logp = jax.nn.log_softmax(logits / logprob_temperature(temperature)[:, None, None], axis=-1)
+    next_lp = jnp.take_along_axis(logp, next_ids[..., None], axis=-1)[..., 0]
     out = {"next_logprobs": next_lp, "last_logits": last_logits}
     if top_k_num:
       values, top_ids = jax.lax.top_k(logp, min(top_k_num, logp.shape[-1]))
@@ -204,7 +206,7 @@ class ModelRunner:
     tokens, lp = sample_next(logits, keys, temperature, top_k, top_p, min_p, mode)
     out = {"tokens": tokens, "logprobs": lp}
     if top_k_num:
-      out["top_values"], out["top_ids"] = top_logprobs(logits, top_k_num)
+      out["top_values"], out["top_ids"] = top_logprobs(logits, top_k_num, temperature)
     return out
 
   def _decode_impl(self, params, cache, tokens, positions, remaining, stop_ids, seeds,
@@ -227,7 +229,7 @@ class ModelRunner:
       new_tok, lp = sample_next(logits, keys, temperature, top_k, top_p, min_p, mode)
       out = {"tokens": new_tok, "logprobs": lp}
       if top_k_num:
-        out["top_values"], out["top_ids"] = top_logprobs(logits, top_k_num)
+        out["top_values"], out["top_ids"] = top_logprobs(logits, top_k_num, temperature)
       tok = jnp.where(active, new_tok, tok)
       pos = jnp.where(active, pos + 1, pos)
       stopped = stopped | (active & jnp.any(new_tok[:, None] == stop_ids, axis=-1))
@@ -243,7 +245,8 @@ class ModelRunner:
 
   def prefill(self, cache, ids: np.ndarray, positions: np.ndarray, segment_ids: np.ndarray,
               next_ids: np.ndarray, last_col: np.ndarray, top_k_num: int = 0,
-              prompt_logprobs: bool = True, visual: Any = None):
+              prompt_logprobs: bool = True, visual: Any = None,
+              temperature: Optional[np.ndarray] = None):
     """One prefill chunk. Arrays are [batch, chunk] int32 (last_col [batch]); positions
     [batch, chunk, 3] for a vision-language model.
 
@@ -252,16 +255,21 @@ class ModelRunner:
         False computes logits at last_col only.
       visual: the chunk's image tokens (models.VisualTokens, rollout.multimodal.chunk_visual),
         or None.
+      temperature: [batch] float32 sampling temperature of each row: prompt log-probs are of
+        logits / logprob_temperature(temperature) (sampling.py); None is 1 for every row.
     Returns:
-      (cache, out) with out["last_logits"] [batch, vocab] at column last_col[b], and when
-      prompt_logprobs out["next_logprobs"] [batch, chunk] = log p(next_ids[b, c] | tokens up
-      to column c) and, when top_k_num > 0, out["top_values"], out["top_ids"] [batch, chunk, k].
+      (cache, out) with out["last_logits"] [batch, vocab] (raw) at column last_col[b], and
+      when prompt_logprobs out["next_logprobs"] [batch, chunk] = log p_T(next_ids[b, c] |
+      tokens up to column c) and, when top_k_num > 0, out["top_values"], out["top_ids"]
+      [batch, chunk, k].
     """
     if visual is not None:
       visual = jax.tree.map(jnp.asarray, visual)
+    if temperature is None:
+      temperature = np.ones(ids.shape[0], np.float32)
     return self._prefill(self.params, cache, jnp.asarray(ids), jnp.asarray(positions),
                          jnp.asarray(segment_ids), jnp.asarray(next_ids),
-                         jnp.asarray(last_col), visual,
+                         jnp.asarray(last_col), visual, jnp.asarray(temperature, jnp.float32),
                          top_k_num=top_k_num if prompt_logprobs else 0,
                          prompt_logprobs=prompt_logprobs)
 

@@ -3,12 +3,22 @@
 Pure jax functions on [batch, vocab] logits, used inside the engine's jitted decode step. Every
 row carries its own settings, so requests with different sampling parameters share a batch.
 
-The recorded log-prob of a sampled token is log_softmax(logits)[token] of the model's raw
-logits in float32: temperature 1, no top-k/top-p/min-p truncation. That is what the trainer's
-forward pass computes for the same ids (docs/contracts.md, token alignment), so the recorded
-`old_logprobs` and the trainer's recomputation agree to float32 rounding whatever temperature
-the rollout used. (Importance ratios for a tempered or truncated sampler would need the sampling
-distribution instead; the project trains on the raw policy, as the Orchard recipes do.)
+Recorded log-probs are of the distribution the token was sampled from: log_softmax(logits / T)
+[token] in float32 at the row's temperature T, as SGLang reports them and as verl and slime
+train (docs/algorithms.md section 3). The trainer computes the same quantity from the same
+temperature, which travels with each recorded call (`data.ModelCall.temperature`), so the
+policy ratio compares pi_theta and pi_old of the distribution the samples came from. A greedy
+row (T below `MIN_TEMPERATURE`, SGLang's rule) records log-probs of the raw distribution
+(T = 1), as SGLang does; `logprob_temperature` gives the temperature a row's log-probs are of.
+
+Top-k, top-p and min-p truncation is not in the recorded log-probs (stated approximation, as in
+SGLang, verl and slime): the sampling distribution of a truncated row is the tempered one
+renormalised over the kept set, so its log-prob is the recorded one plus log(1 / kept mass).
+A sampled token is always in the kept set, and the ratio pi_theta / pi_old of two tempered
+distributions equals that of the truncated ones whenever both keep the same set and mass; the
+difference is the change of the kept mass between the two policies, second order for the
+small policy updates a clipped ratio allows. Top logprobs (`top_logprobs`) are of the same
+tempered, untruncated distribution.
 
 Randomness is a function of (request seed, position): row b's key at a step is
 fold_in(PRNGKey(seed_b), position_b). A request with a fixed seed therefore samples the same
@@ -20,6 +30,20 @@ import enum
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+# Temperatures below this sample greedily (SGLang's _SAMPLING_EPS rule).
+MIN_TEMPERATURE = 1e-6
+
+
+def logprob_temperature(temperature):
+  """The temperature a row's recorded log-probs are of: its sampling temperature, or 1.0 for
+  a greedy row (temperature < MIN_TEMPERATURE). Works on floats and on arrays (NumPy or jax).
+  """
+  if isinstance(temperature, (int, float)):
+    return float(temperature) if temperature >= MIN_TEMPERATURE else 1.0
+  xp = jnp if isinstance(temperature, jax.Array) else np
+  return xp.where(temperature >= MIN_TEMPERATURE, temperature, 1.0)
 
 
 class SamplingMode(enum.Enum):
@@ -83,25 +107,26 @@ def sample_next(logits: jax.Array, keys: jax.Array, temperature: jax.Array,
     top_k, top_p, min_p: [batch] per-row truncation (see `truncate_logits`).
     mode: static; GREEDY ignores keys and truncation, SAMPLE ignores truncation.
   Returns:
-    tokens [batch] int32 and logprobs [batch] float32 = log_softmax(logits)[token] (raw
-    distribution, see the module docstring).
+    tokens [batch] int32 and logprobs [batch] float32 = log_softmax(logits / T)[token] with T
+    = logprob_temperature(temperature) per row (module docstring).
   """
   logits = logits.astype(jnp.float32)
   row_max = jnp.max(logits, axis=-1, keepdims=True)
   greedy = _first_argmax(logits, row_max)
   if mode is SamplingMode.GREEDY:
-    tokens = greedy
-  else:
-    scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
-    if mode is SamplingMode.FILTERED:
-      scaled = truncate_logits(scaled, top_k, top_p, min_p)
-    # jax.random.categorical's Gumbel-max draw, argmax(logits + gumbel(key)), with the
-    # cheaper argmax (same tokens for the same keys).
-    noisy = jax.vmap(lambda key, row: row + jax.random.gumbel(key, row.shape, row.dtype))(
-        keys, scaled)
-    sampled = _first_argmax(noisy, jnp.max(noisy, axis=-1, keepdims=True))
-    tokens = jnp.where(temperature > 0, sampled, greedy)
-  return tokens, _token_logprob(logits, row_max, tokens)
+    return greedy, _token_logprob(logits, row_max, greedy)
+  scaled = logits / logprob_temperature(temperature)[:, None]
+  sample_from = scaled
+  if mode is SamplingMode.FILTERED:
+    sample_from = truncate_logits(scaled, top_k, top_p, min_p)
+  # jax.random.categorical's Gumbel-max draw, argmax(logits + gumbel(key)), with the
+  # cheaper argmax (same tokens for the same keys).
+  noisy = jax.vmap(lambda key, row: row + jax.random.gumbel(key, row.shape, row.dtype))(
+      keys, sample_from)
+  sampled = _first_argmax(noisy, jnp.max(noisy, axis=-1, keepdims=True))
+  tokens = jnp.where(temperature >= MIN_TEMPERATURE, sampled, greedy)
+  # Positive scaling keeps the argmax, so a greedy row's max is the raw one divided by 1.
+  return tokens, _token_logprob(scaled, jnp.max(scaled, axis=-1, keepdims=True), tokens)
 
 
 def _first_argmax(logits: jax.Array, row_max: jax.Array) -> jax.Array:
@@ -122,15 +147,21 @@ def _token_logprob(logits: jax.Array, row_max: jax.Array, tokens: jax.Array) -> 
   return (picked - row_max[:, 0]) - shifted_lse
 
 
-def top_logprobs(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-  """The k most likely tokens of each row and their raw log-probs.
+def top_logprobs(logits: jax.Array, k: int, temperature: jax.Array | None = None
+                 ) -> tuple[jax.Array, jax.Array]:
+  """The k most likely tokens of each row and their log-probs at the row's log-prob
+  temperature (raw logits when temperature is None).
 
   Args:
     logits: [batch, vocab] float32.
-    k: static count.
+    k: static count (at most the vocabulary is returned).
+    temperature: [batch] sampling temperatures, or None.
   Returns:
     values [batch, k] float32 log-probs (descending) and ids [batch, k] int32.
   """
   k = min(k, logits.shape[-1])   # a bucket of the request's count may exceed the vocabulary
-  values, ids = jax.lax.top_k(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), k)
+  logits = logits.astype(jnp.float32)
+  if temperature is not None:
+    logits = logits / logprob_temperature(temperature)[:, None]
+  values, ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)
   return values, ids.astype(jnp.int32)

@@ -30,7 +30,7 @@ from orchard_jax.rollout.protocol import (
   FinishReason, GenerateResponse, MetaInfo, SamplingParams, SingleGenerateRequest)
 from orchard_jax.rollout.multimodal import chunk_visual
 from orchard_jax.rollout.runner import ModelRunner, bucket
-from orchard_jax.rollout.sampling import SamplingMode
+from orchard_jax.rollout.sampling import MIN_TEMPERATURE, SamplingMode
 
 _log = logging.getLogger(__name__)
 
@@ -479,7 +479,8 @@ class Scheduler:
       visual = chunk_visual(image_rows, batch, chunk) if any(image_rows) else None
       self._cache, out = self.runner.prefill(self._cache, ids, pos, seg, nxt, last,
                                              top_k_num=top_k_num, prompt_logprobs=want_inputs,
-                                             visual=visual)
+                                             visual=visual,
+                                             temperature=self._sampling_arrays()["temperature"])
       next_lp = np.asarray(out["next_logprobs"]) if want_inputs else None
       tops = ((np.asarray(out["top_values"]), np.asarray(out["top_ids"]))
               if want_inputs and top_k_num else None)
@@ -754,7 +755,7 @@ def _common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
 
 
 def _mode(sequences: Sequence[RequestState]) -> SamplingMode:
-  sampled = [s.params for s in sequences if s.params.temperature > 0]
+  sampled = [s.params for s in sequences if s.params.temperature >= MIN_TEMPERATURE]
   if not sampled:
     return SamplingMode.GREEDY
   if any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in sampled):

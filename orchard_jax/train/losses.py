@@ -74,7 +74,11 @@ OPD_MODES = ("none", "loss", "reward", "only")
 class PolicyLoss:
   """GRPO/DAPO clipped policy loss (docs/algorithms.md 3), optionally with OPD (docs/algorithms.md 4).
 
-  The batch's `old_logprobs` are the log-probs the sampler reported (the behaviour policy).
+  The batch's `old_logprobs` are the log-probs the sampler reported (the behaviour policy), of
+  the distribution each token was sampled from (logits / its temperature); pi_theta, the
+  entropy bonus and the reference/teacher terms are computed at the batch's `temperatures`
+  too (train/logprobs.py; all ones when the batch has none), so every term compares the
+  same tempered distributions (docs/algorithms.md section 3).
   Without TIS they are pi_old in the ratio. With `tis_cap`, pi_old is the trainer's own
   log-probs before this update (the batch's `proximal_logprobs` when given, else the current
   policy's log-probs with stop-gradient, exact when each rollout batch takes one optimiser
@@ -145,7 +149,8 @@ class PolicyLoss:
     seg = batch["segment_ids"]
     logp, entropy, aux = token_logprobs(model, batch["input_ids"], batch["positions"], seg,
                                         chunk_size=self.chunk_size, with_entropy=True,
-                                        images=batch_images(batch))
+                                        images=batch_images(batch),
+                                        temperatures=batch.get("temperatures"))
     metrics: dict[str, Any] = {}
     opd = None
     if self.opd_mode in ("loss", "only"):

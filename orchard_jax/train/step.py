@@ -220,7 +220,9 @@ def build_eval_step(parts: ModelParts, loss: Any, *, mesh: Mesh, param_shardings
 def build_logprob_step(parts: ModelParts, *, mesh: Mesh, param_shardings: dict,
                        chunk_size: int = 512) -> Callable[[dict, dict], jax.Array]:
   """A jitted `(params, batch) -> logp [batch, seq]` of the batch's own tokens (aligned as
-  docs/contracts.md says), for reference-policy, proximal or teacher log-probs of a packed batch."""
+  docs/contracts.md says), for reference-policy, proximal or teacher log-probs of a packed batch;
+  at the batch's `temperatures` when it has them (the temperature each token was sampled at,
+  so these agree with the policy loss's pi_theta and the recorded old log-probs)."""
   from orchard_jax.train.logprobs import token_logprobs
 
   from orchard_jax.train.multimodal import batch_images
@@ -228,7 +230,8 @@ def build_logprob_step(parts: ModelParts, *, mesh: Mesh, param_shardings: dict,
   def logprobs(params, batch):
     logp, _, _ = token_logprobs(parts.merge(params), batch["input_ids"], batch["positions"],
                                 batch["segment_ids"], chunk_size=chunk_size, with_entropy=False,
-                                images=batch_images(batch))
+                                images=batch_images(batch),
+                                temperatures=batch.get("temperatures"))
     return logp
 
   jitted = jax.jit(logprobs, in_shardings=(param_shardings, None))

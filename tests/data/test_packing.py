@@ -18,7 +18,8 @@ def _random_sequences(n, rng, max_len=60, teacher_every=0):
     seqs.append(TrainingSequence(
       input_ids=np.concatenate([[i], rng.integers(100, 8000, length - 1)]),  # first id = index
       loss_weights=weights, old_logprobs=-rng.random(length), action_ids=np.zeros(length),
-      **kwargs).with_advantage(float(rng.normal())))
+      temperatures=rng.choice([0.7, 1.0, 1.3], length), **kwargs).with_advantage(
+        float(rng.normal())))
   return seqs
 
 
@@ -60,8 +61,8 @@ def test_unpacking_gives_back_every_sequence():
   shapes = {(k, v.shape, v.dtype.name) for b in packed.batches for k, v in b.items()}
   assert {s[1] for s in shapes} == {(8, 128)}
   assert {k for k, _, _ in shapes} == {"input_ids", "positions", "segment_ids", "loss_weights",
-                                        "old_logprobs", "advantages", "teacher_logprobs",
-                                        "teacher_mask"}
+                                        "old_logprobs", "advantages", "temperatures",
+                                        "teacher_logprobs", "teacher_mask"}
   assert {(k, d) for k, _, d in shapes if k in ("input_ids", "positions", "segment_ids")} == {
     ("input_ids", "int32"), ("positions", "int32"), ("segment_ids", "int32")}
   segments = _unpack(packed.batches)
@@ -73,6 +74,7 @@ def test_unpacking_gives_back_every_sequence():
     np.testing.assert_array_equal(got["loss_weights"], seq.loss_weights)
     np.testing.assert_array_equal(got["old_logprobs"], seq.old_logprobs)
     np.testing.assert_array_equal(got["advantages"], seq.advantages)
+    np.testing.assert_array_equal(got["temperatures"], seq.temperatures)
     if seq.teacher_logprobs is not None:
       np.testing.assert_array_equal(got["teacher_logprobs"], seq.teacher_logprobs)
       assert got["teacher_mask"].all()

@@ -169,3 +169,28 @@ def test_lm_sequences_chunk_documents(tok):
     np.testing.assert_array_equal(s.loss_weights, [0] + [1] * (len(s) - 1))
   with pytest.raises(DataError, match="max_len"):
     lm_sequences(docs, tok, max_len=1)
+
+
+def test_undelivered_calls_are_left_out_and_temperatures_travel(tok):
+  """A call its caller never got (`delivered=False`) is not trained on and does not break the
+  session's sequence; each sampled token carries its call's temperature, context tokens 1."""
+  calls, (prompt1, out1, lp1, turn, out2, lp2) = _proxy_session(tok)
+  first, second = calls
+  first.temperature, second.temperature = 0.7, 0.9
+  lost = ModelCall(session_id="s", call_index=1, prompt_ids=prompt1 + out1 + turn,
+                   output_ids=out2[:3], output_logprobs=lp2[:3], delivered=False,
+                   temperature=0.7, finish_reason="abort")
+  second.call_index = 2
+  [sequence] = sequences_from_model_calls([first, lost, second], mode="rl")
+  assert sequence.call_indices == (0, 2)
+  assert list(sequence.input_ids) == prompt1 + out1 + turn + out2
+  n1 = len(prompt1) + len(out1)
+  expected = np.ones(len(sequence), np.float32)
+  expected[len(prompt1):n1] = 0.7
+  expected[n1 + len(turn):] = 0.9
+  np.testing.assert_array_equal(sequence.temperatures, expected)
+  sampled = sequence.action_ids[sequence.loss_weights > 0]
+  assert sorted(set(sampled.tolist())) == [0, 1]          # delivered turns, counted 0, 1
+  assert ModelCall.from_dict({"session_id": "old", "call_index": 0}).temperature == 1.0
+  with pytest.raises(Exception, match="temperature"):
+    ModelCall(session_id="s", call_index=0, temperature=0.0)

@@ -44,6 +44,35 @@ def test_matches_numpy_log_softmax(chunk):
   np.testing.assert_allclose(np.asarray(ent), ref_ent, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [3, 64])
+def test_per_token_temperatures_match_numpy(chunk):
+  """With the batch's temperatures, logp[b, t] is log_softmax(logits[b, t - 1] / T[b, t])
+  [ids[b, t]]: the temperature token t was sampled at scales the logits that predict it."""
+  hidden, w, ids, seg = _inputs(3)
+  temps = np.where(np.arange(T) % 2 == 0, 0.7, 1.3)[None].repeat(B, 0).astype(np.float32)
+  logp, ent = jax.jit(lambda h, t: train.chunked_token_logprobs(
+      lambda x: x @ w, h, ids, seg, chunk_size=chunk, temperatures=t))(jnp.asarray(hidden),
+                                                                       jnp.asarray(temps))
+  logits = hidden.astype(np.float64) @ w
+  ref_logp, ref_ent = np.zeros((B, T)), np.zeros((B, T))
+  for b in range(B):
+    for t in range(1, T):
+      if seg[b, t] > 0 and seg[b, t] == seg[b, t - 1]:
+        z = logits[b, t - 1] / temps[b, t]
+        logsm = z - z.max() - np.log(np.exp(z - z.max()).sum())
+        ref_logp[b, t] = logsm[ids[b, t]]
+        ref_ent[b, t] = -(np.exp(logsm) * logsm).sum()
+  np.testing.assert_allclose(np.asarray(logp), ref_logp, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(ent), ref_ent, rtol=1e-5, atol=1e-5)
+  ones, _ = train.chunked_token_logprobs(lambda x: x @ w, jnp.asarray(hidden), ids, seg,
+                                         chunk_size=chunk, temperatures=jnp.ones((B, T)))
+  np.testing.assert_allclose(np.asarray(ones), _numpy_reference(hidden, w, ids, seg)[0],
+                             rtol=1e-5, atol=1e-5)
+  with pytest.raises(train.TrainError, match="temperatures"):
+    train.chunked_token_logprobs(lambda x: x @ w, jnp.asarray(hidden), ids, seg,
+                                 temperatures=jnp.ones((B, T + 1)))
+
+
 def test_gradient_matches_unchunked():
   hidden, w, ids, seg = _inputs(1)
   weights = jnp.asarray(np.random.default_rng(2).random((B, T)), jnp.float32)

@@ -138,16 +138,25 @@ def group_sequences(groups: Sequence[PromptGroup], store, *, num_groups: int,
 def add_teacher_logprobs(sequences: list, teacher) -> list:
   """On-policy distillation: the teacher's log-probs of each sequence's tokens (its sampled
   tokens are what the loss uses), with teacher_mask 1 on loss tokens the teacher scored.
+  Each token is scored at the temperature it was sampled at (the sequence's temperatures),
+  as the student's log-probs in the loss are.
 
   Args:
     sequences: TrainingSequences.
-    teacher: anything with `score(ids) -> [log-prob or None]` (a `ModelService`).
+    teacher: anything with `score(ids, temperature=T) -> [log-prob or None]` (a
+      `ModelService`).
   """
   out = []
   for s in sequences:
-    scores = teacher.score([int(t) for t in s.input_ids])
-    logprobs = np.asarray([0.0 if v is None else v for v in scores], np.float32)
-    valid = np.asarray([v is not None for v in scores], np.float32)
+    ids = [int(t) for t in s.input_ids]
+    logprobs = np.zeros(len(ids), np.float32)
+    valid = np.zeros(len(ids), np.float32)
+    sampled = s.temperatures[s.loss_weights > 0]
+    for temperature in np.unique(sampled) if sampled.size else [1.0]:
+      at = s.temperatures == temperature
+      scores = teacher.score(ids, temperature=float(temperature))
+      logprobs[at] = [0.0 if v is None else v for v, a in zip(scores, at) if a]
+      valid[at] = [v is not None for v, a in zip(scores, at) if a]
     out.append(dataclasses.replace(s, teacher_logprobs=logprobs,
                                    teacher_mask=valid * (s.loss_weights > 0)))
   return out

@@ -167,15 +167,17 @@ class ModelService:
     """Flushes the session's records into the store."""
     self.proxy.end_session(session_id)
 
-  def score(self, ids: Sequence[int]) -> list[Optional[float]]:
-    """log p(ids[i] | ids[:i]) under the served model; entry 0 is None (no context).
+  def score(self, ids: Sequence[int], temperature: float = 1.0) -> list[Optional[float]]:
+    """log p(ids[i] | ids[:i]) under the served model at `temperature` (log_softmax(logits /
+    temperature), the distribution a request at that temperature samples from); entry 0 is
+    None (no context).
 
     Raises:
       ServingError: a text-only upstream (it cannot score token ids).
     """
     if self._client is None:
       raise ServingError("a text-only (OpenAI-compatible) upstream cannot score token ids")
-    return self._client.score([int(t) for t in ids])
+    return self._client.score([int(t) for t in ids], temperature=float(temperature))
 
   def sync_weights(self, model, version: int) -> None:
     """Serves `model`'s weights from now on, labelled `version` (in process or from disk).
