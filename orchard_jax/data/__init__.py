@@ -12,7 +12,8 @@ from orchard_jax.data.tokenizer import (
   stdlib_corpus, tiny_tokenizer, tokenizer_cache_dir, train_tiny_tokenizer)
 from orchard_jax.data.tool_calls import (
   TOOL_CALL_PARSERS, HermesToolCallParser, ParsedResponse, Qwen3XMLToolCallParser, ToolCall,
-  ToolCallError, ToolCallParser, get_tool_call_parser, parse_assistant_text, split_reasoning)
+  ToolCallError, ToolCallParser, get_tool_call_parser, parse_assistant_text, parse_reasoning,
+  split_reasoning)
 from orchard_jax.data.records import CHAT_ROLES, ModelCall, Trajectory, chat_messages
 from orchard_jax.data.sequences import (
   TrainingSequence, lm_sequences, sequences_from_model_calls, sft_sequences_from_messages)

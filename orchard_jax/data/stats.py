@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from orchard_jax.data.records import Trajectory
+from orchard_jax.data.records import ModelCall, Trajectory
 from orchard_jax.data.sequences import sequences_from_model_calls, sft_sequences_from_messages
 from orchard_jax.data.tool_calls import get_tool_call_parser
 
@@ -93,17 +93,26 @@ class DatasetStats:
 
 
 def trajectory_filter_reasons(trajectory: Trajectory, *, tokens: int | None = None,
-                              max_tokens: int | None = None, parser: str = "hermes"
-                              ) -> list[str]:
+                              max_tokens: int | None = None, parser: str = "hermes",
+                              calls: Sequence[ModelCall] | None = None) -> list[str]:
   """Which of the Orchard SFT filters flag a trajectory (docs/algorithms.md section 1).
 
   - "too_long": `tokens` > `max_tokens` (both known).
   - "undefined_tool_call": an assistant tool call names a tool not in `trajectory.tools`, or
-    tool-call markup in assistant text does (checked when the tools are known).
-  - "unparsable_action": an assistant tool call whose arguments are not a JSON object,
-    tool-call markup in assistant text that does not parse, a harness format-error message
-    (mini-swe-agent's extra.interrupt_type "FormatError"), or a format-error exit status.
+    tool-call markup in assistant text does (checked when the tools are known), or a recorded
+    call's parse found one.
+  - "unparsable_action": an assistant tool call whose arguments are not a JSON object, a
+    format error in assistant text (tool-call markup that does not parse, an undeclared
+    parameter, a think block that never closes; `data.parse_assistant_text`), a format error
+    the proxy recorded for one of the session's delivered calls (`calls`, metadata
+    "format_errors"), a harness format-error message (mini-swe-agent's extra.interrupt_type
+    "FormatError"), or a format-error exit status.
 
+  Args:
+    trajectory: the trajectory.
+    tokens, max_tokens: its token count and the context length.
+    parser: tool-call parser name for markup in assistant text.
+    calls: the session's recorded model calls, or None.
   Returns:
     Flagging filters, in FILTERS order.
   """
@@ -127,12 +136,21 @@ def trajectory_filter_reasons(trajectory: Trajectory, *, tokens: int | None = No
       if not _is_json_object(fn.get("arguments", {})):
         reasons.add("unparsable_action")
     content = message.get("content")
-    if isinstance(content, str) and "<tool_call>" in content:
+    if isinstance(content, str) and ("<tool_call>" in content or "<think>" in content):
       parsed = text_parser.parse(content, trajectory.tools)
       if parsed.has_unparsable_call:
         reasons.add("unparsable_action")
       if parsed.has_undefined_tool:
         reasons.add("undefined_tool_call")
+  for call in calls or ():
+    if not call.delivered:
+      continue
+    kinds = {e.get("kind") for e in call.metadata.get("format_errors") or ()
+             if isinstance(e, dict)}
+    if kinds - {"undefined_tool"}:
+      reasons.add("unparsable_action")
+    if "undefined_tool" in kinds:
+      reasons.add("undefined_tool_call")
   if trajectory.exit_status in _FORMAT_EXITS:
     reasons.add("unparsable_action")
   return [f for f in FILTERS if f in reasons]
@@ -176,9 +194,11 @@ def dataset_stats(trajectories: Iterable[Trajectory], *, store: Any = None,
     n_tokens = _token_count(trajectory, store, tokenizer)
     if n_tokens is not None:
       tokens.append(n_tokens)
+    calls = (store.model_calls(trajectory.session_id)
+             if store is not None and trajectory.session_id else None)
     reasons = (filter_fn(trajectory, n_tokens) if filter_fn is not None else
                trajectory_filter_reasons(trajectory, tokens=n_tokens, max_tokens=max_tokens,
-                                         parser=parser))
+                                         parser=parser, calls=calls))
     for reason in reasons:
       filters[reason] += 1
     filters["any"] += bool(reasons)

@@ -5,7 +5,8 @@ advantages, BAR group assembly and the group filter, RPR rewards, reranking metr
 Device-side (JAX, inside the jitted train step): loss aggregation, the clipped policy loss,
 OPD terms, value-model BCE.
 """
-from orchard_jax.rl.advantages import ADVANTAGE_SCALES, grpo_advantages
+from orchard_jax.rl.advantages import (ADVANTAGE_SCALES, REWARD_SPREAD_TOL, grpo_advantages,
+                                       has_reward_spread)
 from orchard_jax.rl.aggregation import (AGGREGATIONS, aggregate, check_aggregation,
                                         loss_normalizer, weighted_mean)
 from orchard_jax.rl.bar import (Assembly, BARConfig, GROUP_FILTER_REASONS, ScoredRollout,

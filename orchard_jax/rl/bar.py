@@ -17,6 +17,9 @@ TryAssemble(pool, [lo, hi]):
 
 The group filter (applied before training) drops a group with an aborted rollout, zero reward
 std, or no positive, where "positive" means resolved when the reward is shaped (RPR; docs/cases.md 3).
+"Zero reward std" is `advantages.has_reward_spread` on the float32 rewards the advantages are
+computed from, with its stated tolerance (REWARD_SPREAD_TOL, 1e-5 relative): rounding noise
+between shaped rewards is no spread.
 
 Pure Python over small lists; `balanced_adaptive_rollout` drives the loop for many prompts at
 once through a callback (the agentic loop's rollouts run behind it).
@@ -27,6 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from orchard_jax.rl.advantages import has_reward_spread
 from orchard_jax.rl.errors import RLError
 
 
@@ -239,13 +243,15 @@ def group_filter_reasons(group: Sequence[ScoredRollout], *,
     positive_is_resolved: count a rollout as positive when it resolved (the right test under a
       shaped reward, docs/cases.md 3); False counts reward > 0.
   Returns:
-    The reasons from GROUP_FILTER_REASONS that apply, in that order.
+    The reasons from GROUP_FILTER_REASONS that apply, in that order ("zero_reward_std": the
+    float32 rewards differ by no more than REWARD_SPREAD_TOL, module docstring).
   """
   reasons = []
   if any(r.aborted for r in group):
     reasons.append("aborted")
-  rewards = np.asarray([r.reward for r in group], np.float64)
-  if rewards.size == 0 or np.ptp(rewards) == 0.0:
+  # The float32 values advantages are computed from, compared with a stated tolerance
+  # (advantages.has_reward_spread): rounding noise is no spread.
+  if not has_reward_spread(np.asarray([r.reward for r in group], np.float32)):
     reasons.append("zero_reward_std")
   positive = [r.resolved if positive_is_resolved else r.reward > 0 for r in group]
   if not any(positive):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator, Optional, Sequence
 
-from orchard_jax.data import chat_messages, parse_assistant_text, split_reasoning
+from orchard_jax.data import (
+  chat_messages, parse_assistant_text, parse_reasoning, split_reasoning)
 from orchard_jax.rollout.chat_checks import check_chat
 from orchard_jax.rollout.errors import RequestError
 from orchard_jax.rollout.openai_protocol import (
@@ -74,12 +75,13 @@ def assistant_message(text: str, tools: Optional[Sequence[dict]], *, parser: str
     parser: tool-call parser name (data.TOOL_CALL_PARSERS).
     separate_reasoning: put <think> text in reasoning_content (else leave it in content).
   Returns:
-    (message, parsed): parsed is the data room's ParsedResponse (with parse errors), or None
-    when no tools were offered.
+    (message, parsed): parsed is the data room's ParsedResponse, whose `errors` are the turn's
+    format errors (a tool call that did not parse and stays in the content as text, an
+    undeclared parameter, a think block that never closed, an undefined tool).
   """
   if not tools:
     reasoning, rest = split_reasoning(text) if separate_reasoning else (None, text)
-    return ChatMessageOut(content=rest, reasoning_content=reasoning), None
+    return ChatMessageOut(content=rest, reasoning_content=reasoning), parse_reasoning(text)
   parsed = parse_assistant_text(text, tools, parser=parser)
   calls = [ToolCallOut(id=c.id, function=ToolCallFunction(
     name=c.name, arguments=json.dumps(c.arguments, ensure_ascii=False)))

@@ -812,8 +812,7 @@ class RecordingProxy:
         metadata = {"timing_s": timing, "reused_prompt_ids": plan.reused,
                     "upstream": self.upstream.description, "rid": out.meta_info.id,
                     "wire": call.wire, "stream": bool(request.stream),
-                    "tool_call_errors": [dataclasses.asdict(e) for e in parsed.errors]
-                    if parsed is not None else []}
+                    "format_errors": [dataclasses.asdict(e) for e in parsed.errors]}
         if not delivered:
           metadata["undelivered"] = ("the caller disconnected before the whole answer was "
                                      "sent; the session continued from its last delivered call")

@@ -48,6 +48,30 @@ def test_filter_reasons():
   assert trajectory_filter_reasons(text) == ["unparsable_action"]
 
 
+def test_format_errors_in_text_or_records_are_counted():
+  """The kinds the parsers report (docs: data/tool_calls.py) flag a trajectory, from the text
+  the harness kept or from the errors the proxy recorded for the session's calls."""
+  user = {"role": "user", "content": "task"}
+  call = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
+  unclosed = Trajectory(trajectory_id="think", task_id="T", tools=BASH, messages=[
+    user, {"role": "assistant", "content": "<think>\nI should list.\n" + call}])
+  assert trajectory_filter_reasons(unclosed) == ["unparsable_action"]
+  clean = Trajectory(trajectory_id="clean", task_id="T", tools=BASH, session_id="s",
+                     messages=[user, {"role": "assistant", "content": "Done."}])
+  assert trajectory_filter_reasons(clean) == []
+
+  def recorded(*kinds, delivered=True):
+    return ModelCall(session_id="s", call_index=0, delivered=delivered, metadata={
+      "format_errors": [{"kind": k, "raw": "", "reason": ""} for k in kinds]})
+
+  assert trajectory_filter_reasons(clean, calls=[recorded("unclosed_think")]) == [
+    "unparsable_action"]
+  assert trajectory_filter_reasons(clean, calls=[recorded("undeclared_parameter",
+                                                          "undefined_tool")]) == [
+    "undefined_tool_call", "unparsable_action"]
+  assert trajectory_filter_reasons(clean, calls=[recorded("invalid_json", delivered=False)]) == []
+
+
 def test_counts_and_table(tmp_path):
   store = TrajectoryStore(tmp_path / "store")
   # Session "s-ok": 10 prompt ids + 3 sampled, then 2 observation ids + 4 sampled = 19 tokens.

@@ -163,6 +163,39 @@ def test_group_filter_reasons():
   assert rl.group_filter_reasons([_pos(0), _pos(1)]) == ["zero_reward_std"]
 
 
+def test_rounding_noise_is_no_reward_spread():
+  """An all-resolved group whose shaped rewards differ by one float rounding step is dropped
+  (zero spread), and its advantages are the zeros the filter assumes; a real reward step is
+  kept and gets real advantages."""
+  noisy = [1.3435000000000001, 1.3435, 1.3435, 1.3435 + 2e-16]
+  group = [ScoredRollout(reward=r, resolved=True) for r in noisy]
+  assert np.ptp(np.asarray(noisy)) > 0                       # the old float64 test saw spread
+  assert rl.group_filter_reasons(group) == ["zero_reward_std"]
+  np.testing.assert_array_equal(rl.grpo_advantages(np.asarray(noisy, np.float32)), 0.0)
+  # One float32 step apart (the largest rounding a float64 -> float32 cast makes differ).
+  base = np.float32(1.3435)
+  step = [base, np.nextafter(base, np.float32(2)), base, base]
+  assert not rl.has_reward_spread(step)
+  np.testing.assert_array_equal(rl.grpo_advantages(step), 0.0)
+  # RPR's smallest real step: 0.5 * 0.12 * 0.1.
+  real = [1.3435, 1.3435 + 0.006, 1.3435, 1.3435]
+  assert rl.group_filter_reasons([ScoredRollout(reward=r, resolved=True) for r in real]) == []
+  assert np.abs(rl.grpo_advantages(real)).max() > 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(rewards=st.lists(st.floats(-2, 2), min_size=2, max_size=8),
+       level=st.floats(-2, 2), noise=st.lists(st.floats(-1e-9, 1e-9), min_size=2, max_size=8))
+def test_filter_and_advantages_agree(rewards, level, noise):
+  """The filter drops a group exactly when its advantages are all zero, and rounding-size
+  noise on equal rewards is never spread."""
+  group = [ScoredRollout(reward=r, resolved=True) for r in rewards]
+  dropped = "zero_reward_std" in rl.group_filter_reasons(group)
+  assert dropped == (not np.any(rl.grpo_advantages(rewards)))
+  jittered = [ScoredRollout(reward=level + n, resolved=True) for n in noise]
+  assert "zero_reward_std" in rl.group_filter_reasons(jittered)
+
+
 def test_shaped_reward_hides_no_signal_group():
   # docs/cases.md 3: no rollout resolved, yet R' = -1 + 0.5 J differs across the group.
   group = [ScoredRollout(reward=-1 + 0.5 * j, resolved=False) for j in (0.2, 0.9, 0.5, 0.0)]

@@ -23,8 +23,9 @@ def _forward(model, ids, positions, segments):
 
 
 @nnx.jit
-def _trainer_forward(model, ids, positions, segments):
-  return trainer_token_logprobs(model, ids, positions, segments, with_entropy=False)[0]
+def _trainer_forward(model, ids, positions, segments, temperatures):
+  return trainer_token_logprobs(model, ids, positions, segments, with_entropy=False,
+                                temperatures=temperatures)[0]
 
 
 def _pad(row: np.ndarray, size: int = 256) -> np.ndarray:
@@ -34,13 +35,14 @@ def _pad(row: np.ndarray, size: int = 256) -> np.ndarray:
   return out
 
 
-def _reference_logprobs(model, ids):
-  """log p(ids[t] | ids[:t]) for t >= 1 from one full forward pass (NumPy log-softmax)."""
+def _reference_logprobs(model, ids, temperature=1.0):
+  """log p_T(ids[t] | ids[:t]) for t >= 1 from one full forward pass (NumPy log-softmax of
+  logits / temperature)."""
   n = len(ids)
   ids = np.asarray(ids)[None]
   logits = _forward(model, jnp.asarray(_pad(ids)), jnp.asarray(_pad(np.arange(n))),
                     jnp.asarray(_pad(np.ones(n))))
-  logits = np.asarray(logits[0, :n], np.float64)
+  logits = np.asarray(logits[0, :n], np.float64) / temperature
   logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
   return np.array([logits[t - 1, ids[0, t]] - logz[t - 1] for t in range(1, ids.shape[1])]), logits
 
@@ -53,22 +55,27 @@ def test_logprobs_match_trainer_forward_and_greedy_is_argmax(engine, small_model
               _request(prompts[2], max_new_tokens=24, temperature=1.5, top_k=50,
                        sampling_seed=4, ignore_eos=True)]
   outs = engine.generate(requests)
-  # The trainer's forward on the same ids, packed into one batch of three segments.
+  # Log-probs are of each request's sampling distribution, logits / T (raw when greedy), the
+  # prompt's (scoring) as well as the output's; the trainer's forward on the same ids, packed
+  # into one batch of three segments at those temperatures, gives the same values.
+  temperatures = [1.0, 0.8, 1.5]
   seqs = [p + o.output_ids for p, o in zip(prompts, outs)]
   length = sum(map(len, seqs))
   packed = _pad(np.concatenate(seqs))
   positions = _pad(np.concatenate([np.arange(len(s)) for s in seqs]))
   segments = _pad(np.concatenate([np.full(len(s), i + 1) for i, s in enumerate(seqs)]))
+  temps = np.ones((1, 256), np.float32)
+  temps[0, :length] = np.concatenate([np.full(len(s), t) for s, t in zip(seqs, temperatures)])
   trainer = np.asarray(_trainer_forward(small_model, jnp.asarray(packed), jnp.asarray(positions),
-                                        jnp.asarray(segments))[0])
+                                        jnp.asarray(segments), jnp.asarray(temps))[0])
   offset = 0
-  for prompt, out, seq in zip(prompts, outs, seqs):
+  for prompt, out, seq, temperature in zip(prompts, outs, seqs, temperatures):
     assert out.meta_info.completion_tokens == 24 and len(out.output_logprobs) == 24
     recorded = np.concatenate([[e[0] for e in out.meta_info.input_token_logprobs[1:]],
                                out.output_logprobs])
     np.testing.assert_allclose(recorded, trainer[offset + 1:offset + len(seq)], atol=1e-4,
                                rtol=0)
-    reference, logits = _reference_logprobs(small_model, seq)
+    reference, logits = _reference_logprobs(small_model, seq, temperature)
     np.testing.assert_allclose(recorded, reference, atol=1e-4, rtol=0)
     offset += len(seq)
   assert length == offset

@@ -250,3 +250,23 @@ def test_malformed_chat_shapes_are_400_naming_the_field(stack, where):
     assert bad_tool.status_code == 400 and "tool_choice" in bad_tool.json()["message"]
     ok = http.post(url, json={"model": "m", "messages": [user], "max_tokens": 2})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 2
+
+
+def test_malformed_call_reaches_the_harness_as_text_and_the_record_as_an_error(agent_engine,
+                                                                              stack):
+  """The trained agent's first call cut by a stop string before its closing tag: the harness
+  gets the text it wrote (no tool call), and the record names the format error."""
+  from agent_fixture import BASH_TOOL, SYSTEM, TASK
+
+  proxy, store = stack
+  client = _client(proxy, "cut-call")
+  messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+  reply = client.chat.completions.create(model="m", messages=messages, tools=[BASH_TOOL],
+                                         temperature=0, max_tokens=64, stop=["}}"])
+  message = reply.choices[0].message
+  assert message.tool_calls is None
+  assert message.content.startswith("<tool_call>") and '"echo one"' in message.content
+  proxy.end_session("cut-call")
+  [record] = store.model_calls("cut-call")
+  assert [e["kind"] for e in record.metadata["format_errors"]] == ["unterminated"]
+  assert record.response["content"] == message.content

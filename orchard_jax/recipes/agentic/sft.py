@@ -118,7 +118,8 @@ def credit_sequences(trajectories: Sequence[data.Trajectory], *, tokenizer, anno
     if mode == "resolved_only" and not t.resolved:
       continue
     sequences = trajectory_sequences(t, tokenizer, store, image_tokens)
-    reasons = data.trajectory_filter_reasons(t, parser=parser)
+    calls = store.model_calls(t.session_id) if store is not None and t.session_id else None
+    reasons = data.trajectory_filter_reasons(t, parser=parser, calls=calls)
     candidates.append((t, sequences))
     lengths.append(sum(len(s) for s in sequences))
     undefined.append("undefined_tool_call" in reasons)
