@@ -236,7 +236,10 @@ class GenerateRequest(BaseModel):
     def pick(value: Any, i: int, name: str, default: Any) -> Any:
       if value is None:
         return default
-      if isinstance(value, list) and self.is_batch:
+      if isinstance(value, list):
+        if not self.is_batch:
+          raise ValueError(f"{name} is a list of {len(value)} but the request has one prompt; "
+                           "give one value (a list gives one per prompt of a batch)")
         if len(value) != n:
           raise ValueError(f"{name} has {len(value)} entries for a batch of {n} prompts")
         return value[i]
