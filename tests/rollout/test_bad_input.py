@@ -18,7 +18,7 @@ from orchard_jax.rollout import InferenceServer, RecordingProxy, SGLangUpstream
 pytestmark = pytest.mark.slow
 
 VOCAB = 8192   # the tiny tokenizer's (tests/rollout/conftest.py)
-_SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[
+_SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[
   HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
 
 # Any JSON value, non-finite numbers and huge integers included.
