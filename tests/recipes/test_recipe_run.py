@@ -212,8 +212,9 @@ def test_checkpoint_evaluation_reproduces_the_final_evaluation(mini_run, value_r
 @pytest.mark.slow
 def test_opd_teacher_scores_the_sampled_tokens(mini_run):
   """On-policy distillation's teacher (a second, embedded engine serving the run's checkpoint)
-  scores the tokens the student sampled; with the same weights its log-probs equal the
-  trainer's forward pass, and an OPD policy-loss step trains on them."""
+  scores the tokens the student sampled, each at the temperature it was sampled at; with the
+  same weights its log-probs equal the trainer's forward pass at those temperatures, and an OPD
+  policy-loss step trains on them."""
   import jax
   import numpy as np
   from orchard_jax import parallel, train
@@ -234,9 +235,12 @@ def test_opd_teacher_scores_the_sampled_tokens(mini_run):
   for s in scored:
     n = len(s)
     logp, _, _ = train.token_logprobs(model, s.input_ids[None], np.arange(n)[None],
-                                      np.ones((1, n), np.int32), with_entropy=False)
+                                      np.ones((1, n), np.int32), with_entropy=False,
+                                      temperatures=s.temperatures[None])
     mask = s.teacher_mask > 0
     assert mask.sum() == s.num_loss_tokens and not mask[0]
+    # The run samples at config.rollout's temperature (0.8 on the tiny preset), not 1.
+    np.testing.assert_allclose(s.temperatures[mask], config.sampling.temperature)
     np.testing.assert_allclose(s.teacher_logprobs[mask], np.asarray(logp)[0][mask], atol=1e-4)
   batches, _ = grpo.pack_updates(scored, config, data_parallel_size=train.data_parallel_size(
       mesh), seed=0)
