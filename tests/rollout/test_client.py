@@ -154,9 +154,13 @@ def test_score_returns_prompt_logprobs_with_none_first(two_servers):
     scores = client.score([4, 5, 6, 7])
     assert scores == [None, -2.0, -3.0, -4.0]
     assert client.score([4, 5, 6, 7], logprob_start_len=2) == [-1.0, -2.0]
-  body = apps[0].state.bodies[-1]
+    body = apps[0].state.bodies[-1]
+    client.score([4, 5, 6, 7], temperature=0.7)   # the distribution a T = 0.7 request samples
+    tempered = apps[0].state.bodies[-1]
   _check_documented(body)
-  assert body["sampling_params"] == {"max_new_tokens": 0} and body["logprob_start_len"] == 2
+  assert body["sampling_params"] == {"max_new_tokens": 0, "temperature": 1.0}
+  assert body["logprob_start_len"] == 2
+  assert tempered["sampling_params"] == {"max_new_tokens": 0, "temperature": 0.7}
 
 
 def test_sticky_sessions_and_least_load(two_servers):
