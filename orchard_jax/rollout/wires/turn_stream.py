@@ -8,15 +8,21 @@ certain since the last feed:
 
 - reasoning text, once it is known to be reasoning (inside a think block, or before a
   `</think>` when the generation prompt opened the block: `reasoning_open`);
-- content text outside tool-call blocks, with leading whitespace dropped and trailing
-  whitespace held back until more text follows (the parsers strip the content), and any
-  suffix that could be the start of a markup tag held back until it is decided;
-- nothing of a tool-call block: calls are sent whole once the turn is parsed.
+- content text before the turn's first tool-call block, with leading whitespace dropped and
+  trailing whitespace held back until more text follows (the parsers strip the content), and
+  any suffix that could be the start of a markup tag held back until it is decided;
+- nothing from the first `<tool_call>` on: whether a block is a call or stays in the content
+  (a block that does not parse, or calls a tool not offered, is reported and kept as text:
+  `data.parse_assistant_text`) is known only once the turn is parsed, so calls are sent whole
+  and the content after them comes with the parsed message (`remainder`).
 
 So the streamed reasoning and content are prefixes of the parsed message's `reasoning_content`
-and `content`; `remainder` gives what the parsed message adds (normally nothing). One case
-differs: a turn that writes content and then a `</think>` without a `<think>` (and without
-`reasoning_open`) is parsed as reasoning; the streamed content cannot be taken back there.
+and `content`; `remainder` gives what the parsed message adds (normally nothing). Two cases
+differ, where the parser decides after the fact what earlier text was: a turn that writes
+content and then a `</think>` without a `<think>` (and without `reasoning_open`) is parsed as
+reasoning, and a turn without a leading `<think>` that opens a `<tool_call>` before its
+`</think>` is parsed as content with that `</think>` inside the block (with `reasoning_open` the
+reasoning streamed before the block cannot be taken back).
 """
 from __future__ import annotations
 
@@ -38,19 +44,10 @@ def _held_tag_prefix(text: str) -> int:
   return best
 
 
-def _outside_calls(text: str) -> str:
-  """Text outside complete and unterminated tool-call blocks."""
-  out, pos = [], 0
-  while True:
-    start = text.find(CALL_OPEN, pos)
-    if start < 0:
-      out.append(text[pos:])
-      return "".join(out)
-    out.append(text[pos:start])
-    end = text.find(CALL_CLOSE, start)
-    if end < 0:
-      return "".join(out)
-    pos = end + len(CALL_CLOSE)
+def _before_calls(text: str) -> str:
+  """Text before the first tool-call block (all of it when there is none)."""
+  start = text.find(CALL_OPEN)
+  return text if start < 0 else text[:start]
 
 
 class TurnSplitter:
@@ -86,7 +83,7 @@ class TurnSplitter:
       return "", ""   # only whitespace or a tag's start so far
     else:
       reasoning, rest = "", text
-    content = _outside_calls(rest).strip() if final else _outside_calls(rest).lstrip().rstrip()
+    content = _before_calls(rest).strip() if final else _before_calls(rest).lstrip().rstrip()
     return reasoning, content
 
   def feed(self, text: str) -> tuple[str, str]:
