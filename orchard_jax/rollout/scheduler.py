@@ -99,6 +99,9 @@ class Scheduler:
       evicted since).
   """
 
+  # stop() warns after each this many seconds it waits for the thread's current step.
+  stop_warn_s: float = 60.0
+
   def __init__(self, runner: ModelRunner, tokenizer: Any, config: Any, *, recurrent: bool,
                name: str, weight_version: str = "0", image_processor: Any = None):
     self.runner = runner
@@ -145,13 +148,26 @@ class Scheduler:
   def stop(self) -> None:
     """Stop the thread; queued and running requests fail with EngineError. Control functions
     posted before the stop that the thread did not run (it leaves its loop between two
-    iterations) run here, so their callers get an answer."""
+    iterations) run here, so their callers get an answer.
+
+    Waits for the thread to finish its current iteration however long that takes (a compile
+    of a new shape or a long prefill can take minutes on a loaded machine), warning every
+    `stop_warn_s` seconds: a daemon thread still inside a JAX computation when the interpreter
+    exits is cancelled there, and glibc aborts the process ("FATAL: exception not rethrown",
+    signal 6) after a job has already reported its results."""
     with self._lock:
       self._accepting = False
     self._stopping.set()
     self._wake.set()
-    if self._thread is not None:
-      self._thread.join(timeout=60)
+    thread = self._thread
+    if thread is not None and thread is not threading.current_thread():
+      waited = 0.0
+      thread.join(timeout=self.stop_warn_s)
+      while thread.is_alive():
+        waited += self.stop_warn_s
+        _log.warning("engine scheduler %s is still in a step after %.0f s of stop(); waiting "
+                     "for it to end", self.name, waited)
+        thread.join(timeout=self.stop_warn_s)
     self._thread = None
     self._apply_control()
     self._fail_all(EngineError("the engine stopped before the request finished"))
