@@ -9,6 +9,17 @@ _flag = "--xla_force_host_platform_device_count=8"
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
+# JAX's persistent compilation cache, as the launchers use it (launch/compile_cache.py): the
+# suite builds many engines and trainers of the same tiny shapes, in this process and in the
+# launcher processes it starts, and each would compile the same XLA programs again. Loading
+# them from disk changes no result (the same executable) and no trace count (`compile_count`
+# counts traces, which still happen). A test that needs its own cache sets the variable itself.
+from launch import compile_cache  # noqa: E402
+
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", compile_cache.default_folder())
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                      str(compile_cache.MIN_COMPILE_TIME_S))
+
 # mini-swe-agent (a test dependency) writes a config folder under $HOME when first imported, and
 # litellm fetches a price table from the network on import. The first test to import them fixes
 # these for the whole session, so set them here, before any test runs.
