@@ -83,8 +83,11 @@ def world(tmp_path_factory):
   with Engine(model, tokenizer, config=ENGINE) as engine, InferenceServer(engine) as server, \
        TrajectoryStore(store_dir) as store:
     upstream = _CapturingUpstream(server.url)
+    # Greedy decoding: the briefly taught policy's argmax is its target, whereas sampling at
+    # the CLI's temperature broke a ~40-token tool call once in a while (invalid JSON).
     with RecordingProxy(upstream, tokenizer=tokenizer, store=store, served_model_name="orchard",
-                        sampling_defaults={"max_new_tokens": 96}) as proxy, \
+                        sampling_defaults={"max_new_tokens": 96},
+                        sampling_overrides={"temperature": 0.0}) as proxy, \
          Orchestrator(LocalBackend(shared_paths=[install.harness_dir()])) as service, \
          SandboxClient(service.url, service.api_key) as client:
       yield dict(tokenizer=tokenizer, model=model, engine=engine, proxy=proxy, store=store,
