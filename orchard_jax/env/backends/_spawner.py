@@ -95,12 +95,7 @@ def _exec_child(req, fds):
   try:
     os.setsid()
     _drop_privileges(req.get("creds"))
-    cwd = req.get("cwd") or "/"
-    try:
-      os.chdir(cwd)
-    except OSError as e:
-      raise _SpawnError(f"working directory {cwd!r} is not usable in the sandbox: "
-                        f"{os.strerror(e.errno)}") from None
+    _enter_workdir(req)
     argv = _command_argv(req)
     env = req.get("env") or {}
     path = _which(argv[0], env)
@@ -185,12 +180,7 @@ def _exec_command(req, fds, err_w):
       fcntl.ioctl(fds["stdin"], _TIOCSCTTY, 0)
     _drop_privileges(req.get("creds"))
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-    cwd = req.get("cwd") or "/"
-    try:
-      os.chdir(cwd)
-    except OSError as e:
-      raise _SpawnError(f"working directory {cwd!r} is not usable in the sandbox: "
-                        f"{os.strerror(e.errno)}") from None
+    _enter_workdir(req)
     argv = _command_argv(req)
     os.dup2(fds["stdin"], 0)
     os.dup2(fds["stdout"], 1)
@@ -237,6 +227,19 @@ def _status_of(wait_status):
   if os.WIFSIGNALED(wait_status):
     return {"signal": os.WTERMSIG(wait_status)}
   return {"exit": os.waitstatus_to_exitcode(wait_status)}
+
+
+def _enter_workdir(req):
+  """Changes to the request's working directory ('/' when none is given).
+
+  Raises:
+    _SpawnError: the folder does not exist or cannot be entered, naming it and why."""
+  cwd = req.get("cwd") or "/"
+  try:
+    os.chdir(cwd)
+  except OSError as e:
+    raise _SpawnError(f"working directory {cwd!r} is not usable in the sandbox: "
+                      f"{os.strerror(e.errno)}") from None
 
 
 def _command_argv(req):
@@ -535,12 +538,7 @@ class _ForkServer:
 
   def _spawn(self, req, fds):
     """Starts the command; returns its pid. Raises _SpawnError saying why it did not start."""
-    cwd = req.get("cwd") or "/"
-    try:
-      os.chdir(cwd)
-    except OSError as e:
-      raise _SpawnError(f"working directory {cwd!r} is not usable in the sandbox: "
-                        f"{os.strerror(e.errno)}") from None
+    _enter_workdir(req)
     argv = _command_argv(req)
     env = req.get("env") or {}
     path = _which(argv[0], env)
