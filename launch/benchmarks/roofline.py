@@ -5,7 +5,7 @@ machine whose matmul peak is P FLOP/s and whose memory bandwidth is W bytes/s (W
 Waterman and Patterson, "Roofline", CACM 2009). The fraction of the roofline a step reaches is
 that bound over its measured time: 1.0 is the hardware's limit.
 
-- F and B come from XLA's own cost model (HloCostAnalysis, what `jax.stages.Compiled.
+- F comes from XLA's own cost model (HloCostAnalysis, what `jax.stages.Compiled.
   cost_analysis()` reports) applied to the optimised HLO of the step. XLA's analysis counts the
   body of a while loop once whatever its trip count (a lax.scan over 16 chunks of the LM head,
   a fori_loop over MoE blocks), so `compiled_cost` runs the same analysis on every loop body
@@ -17,9 +17,17 @@ that bound over its measured time: 1.0 is the hardware's limit.
   McCalpin 1995) over arrays far larger than the caches, 3 arrays x 4 bytes x elements moved.
   Both run in the calling process, so they see its threads and its share of a loaded machine.
 
-XLA's `bytes accessed` is the sum over HLO ops of the bytes each reads and writes: traffic
-that a cache keeps on chip is counted too, so B / W overestimates the memory-bound time of
-small working sets, never underestimates it.
+- B is the step's compulsory traffic: every argument read once and every output written once
+  (an output that aliases a donated argument, such as a KV cache updated in place, counts
+  once), from XLA's buffer assignment (`Compiled.memory_analysis()`). This is the roofline's
+  DRAM traffic (Williams et al.: the bytes that must cross the memory bus); intermediates that
+  fit in cache are not counted, so B / W is a lower bound on the memory time and the fraction
+  of the roofline cannot exceed 1 for want of cache effects.
+
+XLA's `bytes accessed` (the sum over HLO ops of the bytes each reads and writes, cache traffic
+included) is kept in `Cost.bytes_accessed` and printed by the benches, but it is not a bound:
+for a decode step of the tiny model it counts the weights once per op that reads them, and a
+roofline built on it was exceeded (fractions above 1).
 """
 from __future__ import annotations
 
@@ -40,12 +48,15 @@ class Cost:
 
   Attributes:
     flops: floating-point operations (a multiply-add is 2).
-    bytes_accessed: bytes read and written by all HLO ops.
+    bytes_accessed: bytes read and written by all HLO ops (XLA's count; cache traffic too).
+    compulsory_bytes: arguments + outputs - aliased outputs, bytes: the traffic the program
+      cannot avoid (module docstring). 0.0 when unknown (a Cost built from HLO text alone).
     transcendentals: exp / log / tanh ... evaluations.
     unknown_trip_loops: while loops counted once because XLA did not know their trip count.
   """
   flops: float
   bytes_accessed: float
+  compulsory_bytes: float = 0.0
   transcendentals: float = 0.0
   unknown_trip_loops: int = 0
 
@@ -62,13 +73,13 @@ class Machine:
   bytes_per_s: float
 
   def seconds(self, cost: Cost) -> float:
-    """The roofline time of `cost`: max(flops / peak, bytes / bandwidth), seconds."""
-    return max(cost.flops / self.matmul_flops_per_s, cost.bytes_accessed / self.bytes_per_s)
+    """The roofline time of `cost`: max(flops / peak, compulsory bytes / bandwidth), seconds."""
+    return max(cost.flops / self.matmul_flops_per_s, cost.compulsory_bytes / self.bytes_per_s)
 
   def bound(self, cost: Cost) -> str:
     """'compute' or 'memory': which side of the roofline `cost` sits on."""
     compute = cost.flops / self.matmul_flops_per_s
-    return "compute" if compute >= cost.bytes_accessed / self.bytes_per_s else "memory"
+    return "compute" if compute >= cost.compulsory_bytes / self.bytes_per_s else "memory"
 
   def fraction(self, cost: Cost, seconds: float) -> float:
     """Roofline time of `cost` over a measured `seconds` (1.0 = the hardware's limit)."""
@@ -114,8 +125,12 @@ def program_cost(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Cost:
 
 
 def compiled_cost(compiled: Any) -> Cost:
-  """The Cost of a `jax.stages.Compiled` (see the module docstring for how loops count)."""
-  return hlo_cost(compiled.as_text())
+  """The Cost of a `jax.stages.Compiled`: FLOPs with loops weighted by trip count and the
+  compulsory bytes from its buffer assignment (module docstring)."""
+  memory = compiled.memory_analysis()
+  compulsory = (memory.argument_size_in_bytes + memory.output_size_in_bytes
+                - memory.alias_size_in_bytes)
+  return dataclasses.replace(hlo_cost(compiled.as_text()), compulsory_bytes=float(compulsory))
 
 
 # ---- loops weighted by trip count -------------------------------------------------------
@@ -224,14 +239,16 @@ def _xla_cost(module_text: str) -> Cost:
 
 
 def _zero() -> Cost:
-  return Cost(0.0, 0.0, 0.0, 0)
+  return Cost(0.0, 0.0)
 
 
 def _scale(cost: Cost, factor: int) -> Cost:
-  return Cost(cost.flops * factor, cost.bytes_accessed * factor, cost.transcendentals * factor,
-              cost.unknown_trip_loops)
+  return Cost(cost.flops * factor, cost.bytes_accessed * factor,
+              transcendentals=cost.transcendentals * factor,
+              unknown_trip_loops=cost.unknown_trip_loops)
 
 
 def _add(*costs: Cost) -> Cost:
   return Cost(sum(c.flops for c in costs), sum(c.bytes_accessed for c in costs),
-              sum(c.transcendentals for c in costs), sum(c.unknown_trip_loops for c in costs))
+              transcendentals=sum(c.transcendentals for c in costs),
+              unknown_trip_loops=sum(c.unknown_trip_loops for c in costs))

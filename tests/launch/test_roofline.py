@@ -54,9 +54,28 @@ def test_a_data_dependent_loop_counts_once_and_is_reported():
 
 def test_the_roofline_is_the_slower_of_compute_and_memory():
   machine = roofline.Machine(matmul_flops_per_s=1e11, bytes_per_s=1e10)
-  compute = roofline.Cost(flops=2e11, bytes_accessed=1e9)      # 2 s of FLOPs, 0.1 s of bytes
-  memory = roofline.Cost(flops=1e9, bytes_accessed=3e10)       # 0.01 s of FLOPs, 3 s of bytes
+  compute = roofline.Cost(flops=2e11, bytes_accessed=0.0, compulsory_bytes=1e9)  # 2 s / 0.1 s
+  memory = roofline.Cost(flops=1e9, bytes_accessed=0.0, compulsory_bytes=3e10)   # 0.01 s / 3 s
   assert machine.seconds(compute) == 2.0 and machine.bound(compute) == "compute"
   assert machine.seconds(memory) == 3.0 and machine.bound(memory) == "memory"
   assert machine.fraction(compute, 4.0) == 0.5
   assert np.isfinite(machine.fraction(memory, 3.0))
+
+
+def test_compulsory_bytes_are_arguments_and_outputs_read_or_written_once():
+  # A chain of elementwise ops over a (512, 256) float32 array and a matmul with a (256, 256)
+  # weight: XLA's per-op count grows with the number of ops, the compulsory traffic does not.
+  x, w = jnp.ones((512, 256)), jnp.ones((256, 256))
+  def fn(x, w):
+    y = x @ w
+    for _ in range(6):
+      y = jnp.tanh(y) * 1.5 + y
+    return y
+
+  cost = roofline.program_cost(fn, x, w)
+  assert cost.compulsory_bytes == 4 * (512 * 256 + 256 * 256 + 512 * 256)
+  # A donated argument updated in place (a KV cache) is read and written through one buffer.
+  cache = jnp.zeros((64, 128))
+  step = jax.jit(lambda c, v: c.at[3].set(v), donate_argnums=0)
+  donated = roofline.program_cost(step, cache, jnp.ones((128,)))
+  assert donated.compulsory_bytes == 4 * (64 * 128 + 128)
