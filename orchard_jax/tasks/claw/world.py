@@ -36,6 +36,7 @@ from orchard_jax.tasks.claw import services as _services
 from orchard_jax.tasks.claw.services.client import error_text, result_text  # noqa: F401
 from orchard_jax.tasks.claw.errors import ServiceDied, ServicesError
 from orchard_jax.tasks.claw.tools import TOOLS, Tool
+from orchard_jax.tasks.sandbox_app.host import SandboxApp
 
 CONTROL_HEADER = _services.CONTROL_HEADER
 CLAW_COMMAND = "/tmp/claw/bin/claw"
@@ -96,7 +97,7 @@ def unknown_tool(tool: str, services: Iterable[str]) -> ToolResult:
                     f"{', '.join(offered)}", True)
 
 
-class ClawWorld:
+class ClawWorld(SandboxApp):
   """The services of one rollout in one sandbox (see the module docstring).
 
   Args:
@@ -113,6 +114,9 @@ class ClawWorld:
     ServicesError: the sandbox or the services did not start; the message has the reason.
   """
 
+  error = ServicesError
+  noun = "the services"
+
   def __init__(self, env_client, resets: Mapping[str, dict], *, image: str = "host",
                cpu: float = 1.0, memory: str = "512Mi", disk: str = "128Mi",
                timeout_s: float = 3600.0, call_timeout_s: float = 30.0,
@@ -122,65 +126,25 @@ class ClawWorld:
     if unknown or not resets:
       raise ServicesError(f"services to start must be some of {list(_services.SERVICES)}, got "
                           f"{list(resets)}")
-    self.env_client = env_client
-    self.resets = {name: dict(body or {}) for name, body in resets.items()}
-    self.sandbox_kwargs = dict(image=image, cpu=cpu, memory=memory, disk=disk,
-                               timeout=timeout_s)
+    sandbox_kwargs = dict(image=image, cpu=cpu, memory=memory, disk=disk, timeout=timeout_s)
     if egress:
-      self.sandbox_kwargs["egress"] = list(egress)
+      sandbox_kwargs["egress"] = list(egress)
+    super().__init__(env_client, sandbox_kwargs)
+    self.resets = {name: dict(body or {}) for name, body in resets.items()}
     self.call_timeout_s, self.start_timeout_s = call_timeout_s, start_timeout_s
     self.ports = {name: (ports or _services.DEFAULT_PORTS)[name] for name in self.resets}
     self.token = secrets.token_hex(16)
-    self.box = None
     self.urls: dict[str, str] = {}
     self.pids: dict[str, int] = {}
-    self.startup_s = 0.0
-    self._http: Optional[httpx.Client] = None
     self._dead: dict[str, str] = {}
 
-  # ------------------------------------------------------------------ lifecycle
-  def __enter__(self) -> "ClawWorld":
-    t0 = time.perf_counter()
-    try:
-      self.box = self.env_client.create_sandbox(**self.sandbox_kwargs)
-    except Exception as e:  # noqa: BLE001 - any SDK failure becomes one ServicesError
-      raise ServicesError(f"could not create the services' sandbox: {type(e).__name__}: "
-                          f"{e}") from e
-    try:
-      self._start()
-    except BaseException:
-      self.close()
-      raise
-    self.startup_s = time.perf_counter() - t0
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
-
-  def close(self) -> None:
-    """Deletes the sandbox (and with it every service process)."""
-    if self._http is not None:
-      self._http.close()
-      self._http = None
-    if self.box is not None:
-      box, self.box = self.box, None
-      box.delete()
-
   def _start(self) -> None:
-    self.box.upload(bundle.SANDBOX_PATH, bundle.services_zipapp())
     config = {"services": {name: {"port": self.ports[name], "reset": body}
                            for name, body in self.resets.items()},
               "control_token": self.token, "log": "/tmp/claw/services.log"}
-    result = self.box.exec(["python3", "-S", bundle.SANDBOX_PATH, "start"],
-                           stdin=json.dumps(config), timeout=self.start_timeout_s)
-    try:
-      answer = json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-      answer = {}
-    if result.exit_code != 0 or not answer.get("ready"):
-      reason = answer.get("error") or (result.stderr or result.stdout).strip()[-2000:] or \
-          f"status {result.status}, exit {result.exit_code}"
-      raise ServicesError(f"the services did not start in sandbox {self.box.id}: {reason}")
+    answer = self.start_app(bundle.SANDBOX_PATH, bundle.services_zipapp(),
+                            ["python3", "-S", bundle.SANDBOX_PATH, "start"], config,
+                            timeout_s=self.start_timeout_s)
     self.pids = dict(answer.get("pids") or {})
     for name, port in self.ports.items():
       self.urls[name] = self.box.expose_port(port, ttl=self.sandbox_kwargs["timeout"])["url"]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
 import os
 import secrets
 import sys
@@ -34,7 +33,9 @@ from typing import Any, Mapping, Optional, Sequence
 import httpx
 
 from orchard_jax.tasks.gui import bundle
+from orchard_jax.tasks.gui.driver.pages import miniwob_html_dir
 from orchard_jax.tasks.gui.errors import BrowserAborted, BrowserSandboxError
+from orchard_jax.tasks.sandbox_app.host import SandboxApp
 
 TOKEN_HEADER = "X-Orchard-Token"
 CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium-headless-shell", "/usr/lib/chromium/chromium",
@@ -193,15 +194,7 @@ def default_python(image: str) -> str:
 
 def default_miniwob_dir() -> Optional[str]:
   """The `miniwob` package's html folder on this machine, or None when not installed."""
-  try:
-    import importlib.util
-    spec = importlib.util.find_spec("miniwob")
-  except (ImportError, ValueError):
-    return None
-  if spec is None or not spec.submodule_search_locations:
-    return None
-  folder = os.path.join(list(spec.submodule_search_locations)[0], "html")
-  return folder if os.path.isdir(folder) else None
+  return miniwob_html_dir()
 
 
 def host_paths_for_sandbox() -> list:
@@ -213,7 +206,7 @@ def host_paths_for_sandbox() -> list:
   return []
 
 
-class BrowserSandbox:
+class BrowserSandbox(SandboxApp):
   """One rollout's browser in one sandbox (module docstring).
 
   Args:
@@ -225,57 +218,28 @@ class BrowserSandbox:
     BrowserSandboxError: the sandbox, the driver or Chromium did not start (with the reason).
   """
 
+  error = BrowserSandboxError
+  noun = "the browser"
+
   def __init__(self, env_client, config: BrowserConfig = BrowserConfig(), *,
                sites: Any = (), egress: Sequence[str] = ()):
-    self.env_client = env_client
+    c = config
+    sandbox_kwargs = dict(image=c.image, cpu=c.cpu, memory=c.memory, disk=c.disk, pids=c.pids,
+                          timeout=c.ttl_s, labels={"orchard.gui": "browser"})
+    if egress:
+      sandbox_kwargs["egress"] = list(egress)
+    super().__init__(env_client, sandbox_kwargs)
     self.config = config
     self.sites = dict(sites) if isinstance(sites, Mapping) else {name: {} for name in sites}
     self.egress = list(egress)
     self.token = secrets.token_hex(16)
-    self.box = None
     self.url: Optional[str] = None
     self.startup: dict = {}
-    self.startup_s = 0.0
     self.last: Optional[Observation] = None
-    self._http: Optional[httpx.Client] = None
     self.aborted: Optional[str] = None
-
-  # ------------------------------------------------------------------ lifecycle
-  def __enter__(self) -> "BrowserSandbox":
-    t0 = time.perf_counter()
-    c = self.config
-    kwargs = dict(image=c.image, cpu=c.cpu, memory=c.memory, disk=c.disk, pids=c.pids,
-                  timeout=c.ttl_s, labels={"orchard.gui": "browser"})
-    if self.egress:
-      kwargs["egress"] = self.egress
-    try:
-      self.box = self.env_client.create_sandbox(**kwargs)
-    except Exception as e:  # noqa: BLE001 - any SDK failure becomes one BrowserSandboxError
-      raise BrowserSandboxError(f"could not create the browser's sandbox: {type(e).__name__}: "
-                                f"{e}") from e
-    try:
-      self._start()
-    except BaseException:
-      self.close()
-      raise
-    self.startup_s = time.perf_counter() - t0
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
-
-  def close(self) -> None:
-    """Deletes the sandbox, and with it Chromium and every other process of the rollout."""
-    if self._http is not None:
-      self._http.close()
-      self._http = None
-    if self.box is not None:
-      box, self.box = self.box, None
-      box.delete()
 
   def _start(self) -> None:
     c = self.config
-    self.box.upload(bundle.SANDBOX_PATH, bundle.driver_zipapp())
     config = {"token": self.token, "control_port": CONTROL_PORT, "pages_port": PAGES_PORT,
               "executable": list(c.executable), "sites": self.sites,
               "miniwob_dir": c.miniwob_dir or (default_miniwob_dir() if c.image == "host"
@@ -284,17 +248,9 @@ class BrowserSandbox:
               "timeouts": {"action_s": c.action_timeout_s, "navigation_s": c.navigation_timeout_s,
                            "screenshot_s": c.screenshot_timeout_s}}
     python = c.python or default_python(c.image)
-    result = self.box.exec([python, bundle.SANDBOX_PATH, "start"], stdin=json.dumps(config),
-                           timeout=c.start_timeout_s)
-    try:
-      answer = json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-      answer = {}
-    if result.exit_code != 0 or not answer.get("ready"):
-      reason = answer.get("error") or (result.stderr or result.stdout).strip()[-2000:] or \
-          f"status {result.status}, exit {result.exit_code}"
-      raise BrowserSandboxError(f"the browser did not start in sandbox {self.box.id}: {reason}")
-    self.startup = answer
+    self.startup = self.start_app(bundle.SANDBOX_PATH, bundle.driver_zipapp(),
+                                  [python, bundle.SANDBOX_PATH, "start"], config,
+                                  timeout_s=c.start_timeout_s)
     self.url = self.box.expose_port(CONTROL_PORT, ttl=c.ttl_s)["url"].rstrip("/")
     self._http = httpx.Client(timeout=c.step_timeout_s, headers={TOKEN_HEADER: self.token})
 

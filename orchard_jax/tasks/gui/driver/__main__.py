@@ -17,31 +17,12 @@ sandbox's process namespace: deleting the sandbox ends them all.
 """
 from __future__ import annotations
 
-import json
 import os
-import signal
-import socket
 import sys
 import time
 
-
-def _fail(message: str, code: int = 2) -> None:
-  sys.stdout.write(json.dumps({"ready": False, "error": message}) + "\n")
-  sys.stdout.flush()
-  os._exit(code)
-
-
-def _listen(port, what: str, host: str = "127.0.0.1") -> socket.socket:
-  if not isinstance(port, int) or not 0 < port < 65536:
-    _fail(f"config.{what}: expected a port number, got {port!r}")
-  sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-  try:
-    sock.bind((host, port))
-    sock.listen(64)
-  except OSError as e:
-    _fail(f"{what}: cannot listen on {host}:{port}: {e.strerror or e}")
-  return sock
+from orchard_jax.tasks.sandbox_app.supervisor import (Part, fail as _fail, listen, read_config,
+                                                     start as _start)
 
 
 def _host_rules(pages_port: int) -> str:
@@ -49,55 +30,43 @@ def _host_rules(pages_port: int) -> str:
   return f"MAP *.test 127.0.0.1:{pages_port}"
 
 
-def _miniwob_dir(given):
-  """The MiniWoB++ html folder: as given when it exists here, else the miniwob package's of
-  this sandbox's Python (a container image has its own), else None."""
-  if given and os.path.isdir(given):
-    return given
-  try:
-    import importlib.util
-    spec = importlib.util.find_spec("miniwob")
-  except (ImportError, ValueError):
-    return None
-  if spec is None or not spec.submodule_search_locations:
-    return None
-  folder = os.path.join(list(spec.submodule_search_locations)[0], "html")
-  return folder if os.path.isdir(folder) else None
-
-
-def _run_pages(sock, config) -> None:
-  from .pages import PageServer
-  server = PageServer(sock, token=config["token"],
-                      miniwob_dir=_miniwob_dir(config.get("miniwob_dir")),
-                      sites=config.get("sites") or {})
-  server.serve_forever(poll_interval=3600)
-
-
-def _run_driver(sock, config, report_fd: int, t_start: float) -> None:
-  from .browser import Browser
-  from .control import ControlServer
-  t0 = time.perf_counter()
-  timeouts = config.get("timeouts") or {}
-  try:
-    browser = Browser(config["executable"], host_rules=_host_rules(config["pages_port"]),
-                      action_timeout_s=float(timeouts.get("action_s", 5)),
-                      navigation_timeout_s=float(timeouts.get("navigation_s", 15)),
-                      screenshot_timeout_s=float(timeouts.get("screenshot_s", 10)),
-                      extra_args=list(config.get("chromium_args") or []))
-  except Exception as e:  # noqa: BLE001 - reported to the start command, then exit
-    os.write(report_fd, json.dumps({"error": f"Chromium did not start: {type(e).__name__}: "
-                                    f"{str(e).strip()[:1500]}"}).encode())
-    os._exit(3)
-  report = {"driver": os.getpid(), "browser": browser.health()["version"],
-            "startup": {"launch_s": round(time.perf_counter() - t0, 3),
-                        "total_s": round(time.perf_counter() - t_start, 3)}}
-  os.write(report_fd, json.dumps(report).encode())
-  os.close(report_fd)
-  server = ControlServer(sock, browser, token=config["token"], pages_port=config["pages_port"])
-  try:
+def _pages(sock, config):
+  """The page server's process: the task's pages on `sock`."""
+  def run(_report) -> None:
+    from .pages import PageServer, miniwob_html_dir
+    server = PageServer(sock, token=config["token"],
+                        miniwob_dir=miniwob_html_dir(config.get("miniwob_dir")),
+                        sites=config.get("sites") or {})
     server.serve_forever(poll_interval=3600)
-  finally:
-    browser.close()
+  return run
+
+
+def _driver(sock, config, t_start: float):
+  """The driver's process: launches Chromium through Playwright, reports, then serves the
+  control API on `sock`."""
+  def run(report) -> None:
+    from .browser import Browser
+    from .control import ControlServer
+    t0 = time.perf_counter()
+    timeouts = config.get("timeouts") or {}
+    try:
+      browser = Browser(config["executable"], host_rules=_host_rules(config["pages_port"]),
+                        action_timeout_s=float(timeouts.get("action_s", 5)),
+                        navigation_timeout_s=float(timeouts.get("navigation_s", 15)),
+                        screenshot_timeout_s=float(timeouts.get("screenshot_s", 10)),
+                        extra_args=list(config.get("chromium_args") or []))
+    except Exception as e:  # noqa: BLE001 - reported to the start command, then exit
+      report({"error": f"Chromium did not start: {type(e).__name__}: {str(e).strip()[:1500]}"})
+      os._exit(3)
+    report({"driver": os.getpid(), "browser": browser.health()["version"],
+            "startup": {"launch_s": round(time.perf_counter() - t0, 3),
+                        "total_s": round(time.perf_counter() - t_start, 3)}})
+    server = ControlServer(sock, browser, token=config["token"], pages_port=config["pages_port"])
+    try:
+      server.serve_forever(poll_interval=3600)
+    finally:
+      browser.close()
+  return run
 
 
 def start(config: dict) -> None:
@@ -122,89 +91,22 @@ def start(config: dict) -> None:
       SITES[name]().reset(fixtures or {})
     except (ValueError, KeyError, TypeError) as e:
       _fail(f"config.sites.{name}: bad fixtures: {type(e).__name__}: {e}")
-  pages_sock = _listen(config.get("pages_port"), "pages_port")
+  pages_sock = listen(config.get("pages_port"), "pages_port")
   # The control port on every interface: Orchard Env reaches a Kubernetes pod's exposed port at
   # the pod's IP (a local sandbox's network namespace has only its loopback). The page server
   # stays on the loopback: only the sandbox's browser uses it.
-  control_sock = _listen(config.get("control_port"), "control_port",
-                         config.get("control_host") or "0.0.0.0")
-  log_path = config.get("log") or "/tmp/orchard-gui-driver.log"
-  read_end, write_end = os.pipe()
-  if os.fork() > 0:                          # the command: wait for the driver's report
-    os.close(write_end)
-    pages_sock.close()
-    control_sock.close()
-    data = b""
-    while True:
-      chunk = os.read(read_end, 65536)
-      if not chunk:
-        break
-      data += chunk
-    try:
-      report = json.loads(data)
-    except ValueError:
-      _fail(f"the driver ended before reporting (see {log_path})")
-    if "error" in report:
-      _fail(report["error"])
-    sys.stdout.write(json.dumps({"ready": True, **report}) + "\n")
-    sys.stdout.flush()
-    os._exit(0)
-  # The supervisor: its own session, its standard streams on the log.
-  os.close(read_end)
-  os.setsid()
-  log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-  devnull = os.open(os.devnull, os.O_RDONLY)
-  os.dup2(devnull, 0)
-  os.dup2(log, 1)
-  os.dup2(log, 2)
-  children = {}
-  pid = os.fork()
-  if pid == 0:
-    os.close(write_end)
-    control_sock.close()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-      _run_pages(pages_sock, config)
-    finally:
-      os._exit(1)
-  children[pid] = "pages"
-  pid = os.fork()
-  if pid == 0:
-    pages_sock.close()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-      _run_driver(control_sock, config, write_end, t_start)
-    finally:
-      os._exit(1)
-  children[pid] = "driver"
-  os.close(write_end)
-  pages_sock.close()
-  control_sock.close()
-  while children:
-    try:
-      pid, status = os.wait()
-    except ChildProcessError:
-      break
-    name = children.pop(pid, None)
-    if name:
-      how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
-             else f"exit {os.WEXITSTATUS(status)}")
-      sys.stderr.write(f"{time.strftime('%H:%M:%S')} {name} (pid {pid}) ended: {how}\n")
-      sys.stderr.flush()
-  os._exit(0)
+  control_sock = listen(config.get("control_port"), "control_port",
+                        config.get("control_host") or "0.0.0.0")
+  _start([Part("pages", _pages(pages_sock, config), (pages_sock,)),
+          Part("driver", _driver(control_sock, config, t_start), (control_sock,), reports=True)],
+         log_path=config.get("log") or "/tmp/orchard-gui-driver.log")
 
 
 def main(argv) -> None:
   if len(argv) < 2 or argv[1] != "start":
     sys.stderr.write("usage: driver.pyz start   (configuration as JSON on standard input)\n")
     sys.exit(2)
-  try:
-    config = json.loads(sys.stdin.read())
-  except ValueError as e:
-    _fail(f"standard input is not a JSON configuration: {e}")
-  if not isinstance(config, dict):
-    _fail("standard input: expected a JSON object")
-  start(config)
+  start(read_config())
 
 
 if __name__ == "__main__":

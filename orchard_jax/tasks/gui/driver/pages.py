@@ -29,6 +29,22 @@ TOKEN_HEADER = "X-Orchard-Token"
 MAX_BODY_BYTES = 1 << 20
 
 
+def miniwob_html_dir(given: Optional[str] = None) -> Optional[str]:
+  """The MiniWoB++ html folder: `given` when it exists here, else the `miniwob` package's of
+  this interpreter (a container image has its own), else None."""
+  if given and os.path.isdir(given):
+    return given
+  try:
+    import importlib.util
+    spec = importlib.util.find_spec("miniwob")
+  except (ImportError, ValueError):
+    return None
+  if spec is None or not spec.submodule_search_locations:
+    return None
+  folder = os.path.join(list(spec.submodule_search_locations)[0], "html")
+  return folder if os.path.isdir(folder) else None
+
+
 class PageServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
   """Serves the pages on an already-listening socket (bound by the start command)."""
   daemon_threads = True
