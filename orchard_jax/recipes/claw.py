@@ -24,11 +24,12 @@ from ml_collections import ConfigDict
 
 from orchard_jax import data
 from orchard_jax.recipes import ConfigError
-from orchard_jax.recipes.agentic import jobs, run_dir
+from orchard_jax.recipes.agentic import evaluation, jobs
+from orchard_jax.recipes.agentic.evaluation import GroupSummary
 from orchard_jax.recipes.agentic.domain import Annotation, Outcome
 from orchard_jax.recipes.agentic.sandboxes import sandbox_client
 from orchard_jax.tasks import claw
-from orchard_jax.tasks.claw import scoring, solutions, synth
+from orchard_jax.tasks.claw import solutions, synth
 
 _log = logging.getLogger(__name__)
 
@@ -366,49 +367,28 @@ def train_rl(config: ConfigDict) -> dict:
 
 def evaluate(config: ConfigDict) -> dict:
   """Job "claw.evaluate": the checkpoint on the evaluation tasks, eval.k trials each, with
-  agent.harness; prints pass@k and pass^k per service and overall beside the loop's pass@1
-  report, and writes <run>/eval/claw_summary.json."""
+  agent.harness; prints pass@k and pass^k per service and overall (and each trial's mean
+  task_score) beside the loop's pass@1 report, and writes <run>/eval/claw_summary.json."""
   domain = ClawDomain(config)
-  report = jobs.evaluate_checkpoint(config, domain)
-  k = int(config.eval.k)
-  store_path = config.store.path or os.path.join(run_dir(config), "store")
-  scores: dict[tuple, float] = {}
-  if os.path.isdir(store_path):
-    with data.TrajectoryStore(store_path) as store:
-      for t in store.trajectories(experiment=f"{config.name}-eval"):
-        scores[(t.task_id, t.attempt)] = float((t.metadata.get("claw") or {}).get(
-            "task_score", 0.0))
   services = {t.id: t.services for t in domain._evaluation_tasks()}
-  summary = claw_summary(report, services, scores, k)
-  print(f"harness {config.agent.harness}, checkpoint {config.checkpoint}:\n"
-        f"{scoring.summary_table(summary, k)}", flush=True)
-  out = {name: s.to_dict() for name, s in summary.items()}
-  path = os.path.join(config.eval.output_dir or run_dir(config), "eval", "claw_summary.json")
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump({"harness": config.agent.harness, "k": k, "summary": out}, f, indent=1)
-  return {"report": report, "claw": out}
+  return jobs.evaluate_groups(
+      config, domain, {"service": services}, name="claw", trial_score=_task_score,
+      header=f"harness {config.agent.harness}, checkpoint {config.checkpoint}:",
+      extra={"harness": config.agent.harness})
+
+
+def _task_score(trajectory: data.Trajectory) -> float:
+  return float((trajectory.metadata.get("claw") or {}).get("task_score", 0.0))
 
 
 def claw_summary(report: Mapping[str, Any], services: Mapping[str, Sequence[str]],
-                 scores: Mapping[tuple, float], k: int) -> dict[str, scoring.Summary]:
-  """pass@k / pass^k per service and overall from the loop's evaluation report (its
-  per-instance verdicts, aborted flags and statuses, attempts in order) and each trial's
-  task_score. A trial is aborted exactly when the loop counted it aborted (its exit or outcome
-  status is one of ClawDomain.aborted_statuses, or the rollout raised or ran out of time), so
-  the table's aborted column sums to the loop's own count."""
-  trials = {}
-  for split in report.values():
-    aborted = split.get("per_instance_aborted", {})
-    statuses = split.get("per_instance_status", {})
-    for task_id, verdicts in split["per_instance"].items():
-      flags, status = aborted.get(task_id, ()), statuses.get(task_id, ())
-      trials[task_id] = [
-          {"passed": bool(v), "task_score": scores.get((task_id, a), 0.0),
-           "status": status[a] if a < len(status) else None,
-           **({"aborted": bool(flags[a])} if a < len(flags) else {})}
-          for a, v in enumerate(verdicts)]
-  return scoring.summarize(trials, {i: services.get(i, ()) for i in trials}, k)
+                 scores: Mapping[tuple, float], k: int) -> dict[str, GroupSummary]:
+  """pass@k / pass^k per service and overall ("all") from the loop's evaluation report and
+  each trial's task_score (the table claw.evaluate prints). A trial is aborted exactly when the
+  loop counted it aborted (its exit or outcome status is one of ClawDomain.aborted_statuses, or
+  the rollout raised or ran out of time), so the aborted column sums to the loop's own count."""
+  trials = evaluation.report_trials(report, scores)
+  return evaluation.summarize_groups(trials, {i: services.get(i, ()) for i in trials}, k)
 
 
 def _count(items) -> dict:

@@ -31,7 +31,7 @@ from ml_collections import ConfigDict
 
 from orchard_jax import data
 from orchard_jax.recipes import ConfigError
-from orchard_jax.recipes.agentic import jobs, run_dir
+from orchard_jax.recipes.agentic import jobs
 from orchard_jax.recipes.agentic.domain import Annotation, Outcome
 from orchard_jax.recipes.agentic.sandboxes import sandbox_client
 from orchard_jax.tasks import gui
@@ -375,43 +375,15 @@ def train_rl(config: ConfigDict) -> dict:
 
 def evaluate(config: ConfigDict) -> dict:
   """Job "gui.evaluate": the checkpoint on the evaluation tasks, eval.k attempts each; prints
-  the success rate per task family and per site beside the loop's report and writes
-  <run>/eval/gui_summary.json."""
+  the success rate (and pass@k, pass^k, aborted) per task family and per site beside the loop's
+  report and writes <run>/eval/gui_summary.json."""
   domain = GUIDomain(config)
-  report = jobs.evaluate_checkpoint(config, domain)
-  by_id = {t.id: t for t in domain.load_tasks()}
-  summary = success_by_group(report, by_id)
-  print(format_summary(summary), flush=True)
-  path = os.path.join(config.eval.output_dir or run_dir(config), "eval", "gui_summary.json")
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(summary, f, indent=1)
-  return {"report": report, "gui": summary}
+  return jobs.evaluate_groups(config, domain, groupings(domain.load_tasks()), name="gui")
 
 
-def success_by_group(report: Mapping[str, Any], tasks: Mapping[str, gui.GUITask]) -> dict:
-  """Success rate over every attempt, per family and per site, from the loop's evaluation
-  report ({split: {"per_instance": {task id: [resolved per attempt]}}})."""
-  groups: dict[str, dict[str, list]] = {"family": defaultdict(list), "site": defaultdict(list)}
-  for split in report.values():
-    for task_id, verdicts in split.get("per_instance", {}).items():
-      task = tasks.get(task_id)
-      family = task.family if task else task_id.rsplit("/", 1)[0]
-      site = task.site if task else family.split("/")[0]
-      groups["family"][family] += [bool(v) for v in verdicts]
-      groups["site"][site] += [bool(v) for v in verdicts]
-  return {kind: {name: {"success": sum(v) / len(v) if v else 0.0, "attempts": len(v)}
-                 for name, v in sorted(values.items())}
-          for kind, values in groups.items()}
-
-
-def format_summary(summary: Mapping[str, Any]) -> str:
-  lines = []
-  for kind in ("family", "site"):
-    lines.append(f"success per {kind}:")
-    for name, row in summary.get(kind, {}).items():
-      lines.append(f"  {name:<36} {row['success']:6.1%}  ({row['attempts']} attempts)")
-  return "\n".join(lines)
+def groupings(tasks: Sequence[gui.GUITask]) -> dict[str, dict[str, list[str]]]:
+  """The groups a GUI evaluation reports: each task's family and its site."""
+  return {"family": {t.id: [t.family] for t in tasks}, "site": {t.id: [t.site] for t in tasks}}
 
 
 def _count(items) -> dict:

@@ -15,7 +15,8 @@ from orchard_jax.recipes import JOBS, ConfigError
 from orchard_jax.recipes.agentic.domain import Domain, StatusRules
 from orchard_jax.recipes.agentic.images import PolicyImages
 from orchard_jax.recipes.agentic.sft import trajectory_sequences
-from orchard_jax.recipes.gui import GUIDomain, format_summary, success_by_group
+from orchard_jax.recipes.agentic import evaluation
+from orchard_jax.recipes.gui import GUIDomain, groupings
 from orchard_jax.tasks import gui
 from tests.openai_stub import ChatStub
 
@@ -166,15 +167,21 @@ def test_success_is_reported_per_family_and_per_site():
   ids = sorted(tasks)
   report = {"heldout": {"per_instance": {ids[0]: [True, False], ids[1]: [True, True],
                                          ids[-1]: [False, False]}}}
-  summary = success_by_group(report, tasks)
+  trials = evaluation.report_trials(report)
+  kinds = groupings(list(tasks.values()))
+  assert set(kinds) == {"family", "site"}
+  summary = evaluation.summarize_groups(trials, kinds["family"], 2)
   families = {tasks[i].family for i in (ids[0], ids[1], ids[-1])}
-  assert set(summary["family"]) == families
-  for name, row in summary["family"].items():
+  assert set(summary) == families | {"all"}
+  for name in families:
     verdicts = [v for i, vs in report["heldout"]["per_instance"].items()
                 if tasks[i].family == name for v in vs]
-    assert row == {"success": sum(verdicts) / len(verdicts), "attempts": len(verdicts)}
-  text = format_summary(summary)
-  assert "success per family" in text and "success per site" in text
+    assert summary[name].success == sum(verdicts) / len(verdicts)
+    assert summary[name].trials == len(verdicts)
+  sites = evaluation.summarize_groups(trials, kinds["site"], 2)
+  assert set(sites) == {tasks[i].site for i in (ids[0], ids[1], ids[-1])} | {"all"}
+  text = evaluation.format_group_table(summary, 2, title="family")
+  assert text.splitlines()[0].startswith("family") and "pass@2" in text
 
 
 @pytest.mark.parametrize("preset", common.GUI_PRESETS)

@@ -16,13 +16,20 @@ Metrics per split ("train": the RL training subset, "heldout": tasks never train
                       (rl.reranking_report), plus its AUC and calibration (ECE) on these runs
 `compare` gives the change of pass@1 between two reports with its 95% Newcombe interval
 (rl.newcombe_interval). Every evaluation trajectory lands in the trajectory store.
+
+Per group of tasks (a Claw service, a GUI task family or site; `summarize_groups`, from a
+report's per-attempt verdicts): the success rate over trials, pass@k (a task counts when any of
+its first k trials passed) and pass^k (when all k did; a task with fewer than k trials cannot),
+the mean of a domain's trial score when it has one, grader errors and aborted trials (as the
+loop counted them, so a table's aborted column sums to the report's `aborted`).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -156,4 +163,116 @@ def format_comparison(comparison: dict[str, Any], *, before: str = "SFT start",
     verdict = "outside" if c["significant"] else "inside"
     lines.append(f"pass@1[{split}] {before} {c['before']:.3f} -> {after} {c['after']:.3f}: gain "
                  f"{c['gain']:+.3f} [{low:+.3f}, {high:+.3f}] (0 is {verdict} the 95% interval)")
+  return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class GroupSummary:
+  """The evaluation of a group of tasks (module docstring).
+
+  Attributes:
+    tasks: tasks in the group.
+    trials: trials counted (at most k per task).
+    success: the fraction of those trials that passed.
+    pass_at_k, pass_hat_k: fractions of the group's tasks.
+    mean_score: mean trial score, or None when the domain gave none.
+    grader_errors: trials whose outcome status is "grader_error".
+    aborted: trials the loop counted aborted (its per-attempt flags; without them, those with
+      status "aborted"). Grader errors are a part of aborted trials when the flags are given.
+  """
+  tasks: int = 0
+  trials: int = 0
+  success: float = 0.0
+  pass_at_k: float = 0.0
+  pass_hat_k: float = 0.0
+  mean_score: Optional[float] = None
+  grader_errors: int = 0
+  aborted: int = 0
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def report_trials(report: Mapping[str, Any],
+                  scores: Optional[Mapping[tuple, float]] = None) -> dict[str, list[dict]]:
+  """Every trial of every split of an `evaluate_policy` report, attempts in order.
+
+  Args:
+    report: {split: {"per_instance": {task id: [resolved per attempt]}, and optionally
+      "per_instance_aborted" and "per_instance_status" alike}}.
+    scores: {(task id, attempt): a domain's trial score}, or None.
+  Returns:
+    {task id: [{"passed", "status", and "aborted" / "score" when known}]}.
+  """
+  trials: dict[str, list[dict]] = {}
+  for split in report.values():
+    aborted = split.get("per_instance_aborted", {})
+    statuses = split.get("per_instance_status", {})
+    for task_id, verdicts in split.get("per_instance", {}).items():
+      flags, status = aborted.get(task_id, ()), statuses.get(task_id, ())
+      trials[task_id] = [
+          {"passed": bool(v), "status": status[a] if a < len(status) else None,
+           **({"aborted": bool(flags[a])} if a < len(flags) else {}),
+           **({"score": float(scores.get((task_id, a), 0.0))} if scores is not None else {})}
+          for a, v in enumerate(verdicts)]
+  return trials
+
+
+def summarize_groups(trials: Mapping[str, Sequence[Mapping]],
+                     groups: Mapping[str, Sequence[str]], k: int, *,
+                     overall: Optional[str] = "all") -> dict[str, GroupSummary]:
+  """One GroupSummary per group, and one over every task named `overall` (None: none).
+
+  Args:
+    trials: {task id: trials} as `report_trials` gives ("passed", "status", optional "aborted"
+      and "score"). Only a task's first k trials count.
+    groups: {task id: the groups it belongs to} (a task may be in several, or none).
+    k: trials per task.
+  """
+  members: dict[str, list[str]] = {}
+  if overall is not None:
+    members[overall] = list(trials)
+  for task_id in trials:
+    for group in groups.get(task_id, ()):
+      members.setdefault(group, []).append(task_id)
+  out = {}
+  for group, ids in members.items():
+    s = GroupSummary(tasks=len(ids))
+    scores, passed = [], 0
+    for task_id in ids:
+      done = list(trials[task_id])[:k]
+      verdicts = [bool(t.get("passed")) for t in done]
+      passed += sum(verdicts)
+      s.pass_at_k += any(verdicts)
+      s.pass_hat_k += bool(verdicts) and all(verdicts) and len(verdicts) == k
+      scores += [float(t["score"]) for t in done if t.get("score") is not None]
+      s.grader_errors += sum(t.get("status") == "grader_error" for t in done)
+      s.aborted += sum(bool(t.get("aborted", t.get("status") == "aborted")) for t in done)
+      s.trials += len(done)
+    if ids:
+      s.pass_at_k /= len(ids)
+      s.pass_hat_k /= len(ids)
+    s.success = passed / s.trials if s.trials else 0.0
+    s.mean_score = sum(scores) / len(scores) if scores else None
+    out[group] = s
+  return out
+
+
+def format_group_table(summaries: Mapping[str, GroupSummary], k: int, *,
+                       title: str = "group", overall: str = "all") -> str:
+  """A fixed-width table, one row per group (sorted, `overall` last): tasks, trials, success,
+  pass@k, pass^k, mean score (when any group has one), grader errors, aborted."""
+  order = sorted(g for g in summaries if g != overall) + ([overall] if overall in summaries
+                                                          else [])
+  width = max([len(title), *(len(g) for g in order)])
+  scored = any(s.mean_score is not None for s in summaries.values())
+  lines = [f"{title:<{width}} {'tasks':>5} {'trials':>6} {'success':>7} {f'pass@{k}':>7} "
+           f"{f'pass^{k}':>7}{' score' if scored else ''} {'grader_err':>10} {'aborted':>7}"]
+  for g in order:
+    s = summaries[g]
+    score = (f" {s.mean_score:>5.3f}" if s.mean_score is not None else f" {'-':>5}") \
+        if scored else ""
+    lines.append(f"{g:<{width}} {s.tasks:>5} {s.trials:>6} {s.success:>7.1%} "
+                 f"{s.pass_at_k:>7.1%} {s.pass_hat_k:>7.1%}{score} {s.grader_errors:>10} "
+                 f"{s.aborted:>7}")
   return "\n".join(lines)

@@ -10,7 +10,7 @@ import contextlib
 import json
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ml_collections import ConfigDict
 
@@ -329,6 +329,46 @@ def evaluate_checkpoint(config: ConfigDict, domain: Domain) -> dict:
     return report
   finally:
     run.close()
+
+
+def evaluate_groups(config: ConfigDict, domain: Domain,
+                    groupings: Mapping[str, Mapping[str, Sequence[str]]], *, name: str,
+                    trial_score: Optional[Callable[[Any], float]] = None, header: str = "",
+                    extra: Optional[Mapping[str, Any]] = None) -> dict:
+  """`evaluate_checkpoint`, then the evaluation per group of tasks (evaluation.summarize_groups:
+  success, pass@k, pass^k, mean score, grader errors, aborted), one table per grouping printed
+  under `header` and all written to <run>/eval/<name>_summary.json.
+
+  Args:
+    groupings: {kind (e.g. "service", "family"): {task id: the task's groups of that kind}}.
+    name: the domain's name (the summary file's and the returned key's).
+    trial_score: a domain's score of an evaluation trajectory from the store (e.g. Claw's
+      task_score), or None.
+    extra: more fields for the summary file.
+  Returns:
+    {"report": the loop's report, name: {kind: {group: GroupSummary.to_dict()}}}.
+  """
+  report = evaluate_checkpoint(config, domain)
+  k = int(config.eval.k)
+  scores = None
+  if trial_score is not None:
+    scores = {}
+    store_path = config.store.path or os.path.join(run_dir(config), "store")
+    if os.path.isdir(store_path):
+      from orchard_jax import data
+      with data.TrajectoryStore(store_path) as store:
+        for t in store.trajectories(experiment=f"{config.name}-eval"):
+          scores[(t.task_id, t.attempt)] = float(trial_score(t))
+  trials = evaluation.report_trials(report, scores)
+  summaries = {kind: evaluation.summarize_groups(trials, groups, k)
+               for kind, groups in groupings.items()}
+  tables = "\n".join(evaluation.format_group_table(s, k, title=kind)
+                     for kind, s in summaries.items())
+  print(f"{header}\n{tables}" if header else tables, flush=True)
+  out = {kind: {g: s.to_dict() for g, s in groups.items()} for kind, groups in summaries.items()}
+  _write_json(os.path.join(config.eval.output_dir or run_dir(config), "eval",
+                           f"{name}_summary.json"), {**dict(extra or {}), "k": k, "summary": out})
+  return {"report": report, name: out}
 
 
 def train_value(config: ConfigDict) -> dict:

@@ -15,12 +15,13 @@ Definitions (docs/algorithms.md section 8; Claw-Eval, arXiv 2604.06132):
                errored.
 
 Over k trials per task (k = 3): pass@k counts a task when any trial passes, pass^k when all
-do. A trial whose grader raised (`grader_error`) never passes and is counted separately.
+do (the loop's per-group summary, recipes/agentic/evaluation.summarize_groups). A trial whose
+grader raised (`grader_error`) never passes and is counted separately.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping
 
 PASS_THRESHOLD = 0.75
 COMPLETION_WEIGHT = 0.8
@@ -88,89 +89,3 @@ def robustness(audit: Iterable[Mapping]) -> Robustness:
   rate = len(recovered) / len(errored)
   floor = min(successes / calls, ROBUSTNESS_FLOOR_CAP)
   return Robustness(max(rate, floor), tuple(errored), tuple(recovered), calls, successes)
-
-
-def pass_at_k(trials: Sequence[bool]) -> bool:
-  """Any of the task's trials passed."""
-  return any(trials)
-
-
-def pass_hat_k(trials: Sequence[bool]) -> bool:
-  """Every one of the task's trials passed (pass^k)."""
-  return bool(trials) and all(trials)
-
-
-@dataclasses.dataclass
-class Summary:
-  """pass@k, pass^k and mean task_score of a group of tasks (a service, or all).
-
-  Attributes:
-    tasks: tasks in the group.
-    pass_at_k, pass_hat_k: fractions of those tasks.
-    mean_score: mean task_score over every trial.
-    trials: trials counted.
-    grader_errors: trials whose grader raised (status "grader_error").
-    aborted: trials that were aborted: flagged "aborted" by the caller (the agentic loop's
-      rule, which also counts a grader error, the wall-clock budget and a model-call failure),
-      else those with status "aborted". Grader errors are thus a part of aborted trials when
-      the loop's flags are given.
-  """
-  tasks: int = 0
-  pass_at_k: float = 0.0
-  pass_hat_k: float = 0.0
-  mean_score: float = 0.0
-  trials: int = 0
-  grader_errors: int = 0
-  aborted: int = 0
-
-  def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
-
-
-def summarize(trials: Mapping[str, Sequence[Mapping]], services: Mapping[str, Sequence[str]],
-              k: int) -> dict[str, Summary]:
-  """pass@k / pass^k per service and overall ("all").
-
-  Args:
-    trials: task id -> its trials, each {"passed": bool, "task_score": float, "status": str}
-      and optionally "aborted": bool (overrides status == "aborted" as the aborted test).
-      Only the first k trials of a task count; a task with fewer than k counts with what it has
-      for pass@k and as failed for pass^k (an unfinished trial cannot be said to pass).
-    services: task id -> the services it uses; a task counts toward each of them.
-    k: trials per task.
-  """
-  groups: dict[str, list[str]] = {"all": list(trials)}
-  for task_id in trials:
-    for service in services.get(task_id, ()):
-      groups.setdefault(service, []).append(task_id)
-  out = {}
-  for group, ids in groups.items():
-    s = Summary(tasks=len(ids))
-    scores = []
-    for task_id in ids:
-      done = list(trials[task_id])[:k]
-      verdicts = [bool(t.get("passed")) for t in done]
-      s.pass_at_k += pass_at_k(verdicts)
-      s.pass_hat_k += pass_hat_k(verdicts) and len(verdicts) == k
-      scores += [float(t.get("task_score", 0.0)) for t in done]
-      s.grader_errors += sum(t.get("status") == "grader_error" for t in done)
-      s.aborted += sum(bool(t.get("aborted", t.get("status") == "aborted")) for t in done)
-      s.trials += len(done)
-    if ids:
-      s.pass_at_k /= len(ids)
-      s.pass_hat_k /= len(ids)
-    s.mean_score = sum(scores) / len(scores) if scores else 0.0
-    out[group] = s
-  return out
-
-
-def summary_table(summaries: Mapping[str, Summary], k: int) -> str:
-  """A fixed-width table: group, tasks, pass@k, pass^k, mean score, grader errors, aborted."""
-  order = sorted((g for g in summaries if g != "all")) + (["all"] if "all" in summaries else [])
-  lines = [f"{'group':<10} {'tasks':>5} {f'pass@{k}':>7} {f'pass^{k}':>7} {'score':>6} "
-           f"{'grader_err':>10} {'aborted':>7}"]
-  for g in order:
-    s = summaries[g]
-    lines.append(f"{g:<10} {s.tasks:>5} {s.pass_at_k:>7.1%} {s.pass_hat_k:>7.1%} "
-                 f"{s.mean_score:>6.3f} {s.grader_errors:>10} {s.aborted:>7}")
-  return "\n".join(lines)

@@ -54,22 +54,6 @@ def test_robustness_bounds(calls):
     assert r.score >= min(r.success_ratio, 0.5)
 
 
-def test_pass_at_k_and_pass_hat_k():
-  trials = {"t1": [{"passed": True, "task_score": 1.0}, {"passed": False, "task_score": 0.2},
-                   {"passed": True, "task_score": 0.9}],
-            "t2": [{"passed": True, "task_score": 0.8}] * 3,
-            "t3": [{"passed": False, "task_score": 0.0, "status": "grader_error"}] * 3,
-            "t4": [{"passed": True, "task_score": 1.0}]}          # one trial of three
-  services = {"t1": ["mail"], "t2": ["mail", "calendar"], "t3": ["calendar"], "t4": ["files"]}
-  out = scoring.summarize(trials, services, k=3)
-  assert out["all"].pass_at_k == pytest.approx(3 / 4)        # t1, t2, t4
-  assert out["all"].pass_hat_k == pytest.approx(1 / 4)       # t2 only; t4 lacks trials
-  assert out["mail"].pass_at_k == 1.0 and out["mail"].pass_hat_k == pytest.approx(0.5)
-  assert out["calendar"].pass_at_k == pytest.approx(0.5) and out["calendar"].grader_errors == 3
-  assert out["all"].mean_score == pytest.approx((1 + .2 + .9 + .8 * 3 + 0 + 1) / 10)
-  assert "pass@3" in scoring.summary_table(out, 3)
-
-
 TASK = {
     "id": "t", "services": ["notes"], "instruction": "Add a note.",
     "grader": {"completion": [
