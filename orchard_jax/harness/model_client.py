@@ -7,7 +7,10 @@ every call passes through the proxy, which records token ids and log-probs as sa
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
+import uuid
+from typing import Any
 
 import httpx
 
@@ -38,6 +41,20 @@ class ChatResponse:
   raw: dict
   tool_calls: list = dataclasses.field(default_factory=list)
   message: dict = dataclasses.field(default_factory=dict)
+
+  @classmethod
+  def of_tool_call(cls, name: str, arguments: Any) -> "ChatResponse":
+    """The reply a server gives for one call of tool `name` with `arguments` (JSON-encoded
+    here), under a fresh call id: what scripted experts answer."""
+    call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+    return cls("", "tool_calls", {}, {}, [call],
+               {"role": "assistant", "content": None, "tool_calls": [call]})
+
+  @classmethod
+  def of_text(cls, text: str) -> "ChatResponse":
+    """The reply a server gives for a final text answer."""
+    return cls(text, "stop", {}, {}, [], {"role": "assistant", "content": text})
 
 
 class ChatModel:

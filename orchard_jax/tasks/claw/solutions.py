@@ -10,24 +10,12 @@ exactly what a model's run through the same harness would have produced).
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import uuid
 from typing import Optional, Sequence
 
+from orchard_jax.harness.model_client import ChatResponse
 from orchard_jax.tasks.claw.task import Step, Task
 
 RETRIED_STATUSES = ("Error 429", "Error 500", "Error 503")
-
-
-@dataclasses.dataclass
-class ScriptedReply:
-  """A chat completion's parts, as `harness.ChatModel.complete` returns them."""
-  content: str
-  finish_reason: str
-  tool_calls: list
-  message: dict
-  usage: dict = dataclasses.field(default_factory=dict)
 
 
 class ScriptedModel:
@@ -55,17 +43,13 @@ class ScriptedModel:
     self.retries_left = self.steps[self.position].retries
     return self.steps[self.position]
 
-  def complete(self, messages: list, *, tools: Optional[list] = None) -> ScriptedReply:
+  def complete(self, messages: list, *, tools: Optional[list] = None) -> ChatResponse:
     self.calls += 1
     step = self._next(messages)
     if step is None or step.answer is not None:
       text = step.answer if step is not None else "Done."
-      return ScriptedReply(text, "stop", [], {"role": "assistant", "content": text})
-    call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": step.tool,
-                         "arguments": json.dumps(step.arguments, ensure_ascii=False)}}
-    return ScriptedReply("", "tool_calls", [call],
-                         {"role": "assistant", "content": None, "tool_calls": [call]})
+      return ChatResponse.of_text(text)
+    return ChatResponse.of_tool_call(step.tool, step.arguments)
 
 
 def solution_steps(task: Task, which: str) -> tuple:

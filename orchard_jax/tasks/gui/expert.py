@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import uuid
 from typing import Any, Callable, Iterator, Optional
 
+from orchard_jax.harness.model_client import ChatResponse
 from orchard_jax.tasks.gui import actions as _actions
 from orchard_jax.tasks.gui.errors import GUIError
 
@@ -121,16 +121,6 @@ def fill(view: PageView, css: str, text: str, **kwargs) -> Iterator[Call]:
   yield ("write", {"text": text, "clear": True})
 
 
-@dataclasses.dataclass
-class ScriptedReply:
-  """A chat completion's parts, as `harness.ChatModel.complete` returns them."""
-  content: str
-  finish_reason: str
-  tool_calls: list
-  message: dict
-  usage: dict = dataclasses.field(default_factory=dict)
-
-
 class ExpertModel:
   """Plays a program (module docstring) as a harness's model; one instance per episode.
 
@@ -148,7 +138,7 @@ class ExpertModel:
     self.calls = 0
     self.finished = False
 
-  def complete(self, messages: list, *, tools: Optional[list] = None) -> ScriptedReply:
+  def complete(self, messages: list, *, tools: Optional[list] = None) -> ChatResponse:
     self.calls += 1
     step = None
     if not self.finished:
@@ -157,7 +147,4 @@ class ExpertModel:
       except StopIteration:
         self.finished = True
     name, arguments = step if step is not None else (_actions.DONE, {})
-    call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
-    return ScriptedReply("", "tool_calls", [call],
-                         {"role": "assistant", "content": None, "tool_calls": [call]})
+    return ChatResponse.of_tool_call(name, arguments)

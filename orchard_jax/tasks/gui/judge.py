@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any, Optional
+from typing import Any
 
 from orchard_jax.tasks.gui.errors import GraderError
 

@@ -19,8 +19,8 @@ import pytest
 
 from orchard_jax.env import SandboxClient, ServiceProcess
 from orchard_jax.harness.browser_agent import BrowserAgent, BrowserAgentConfig
+from orchard_jax.harness.model_client import ChatResponse
 from orchard_jax.tasks.gui import episode, miniwob, solutions
-from orchard_jax.tasks.gui.expert import ScriptedReply
 from orchard_jax.tasks.gui.sandbox import CONTROL_PORT, BrowserConfig, BrowserSandbox
 from orchard_jax.tasks.gui.task import miniwob_tasks, site_tasks
 from orchard_jax.tasks.gui.tools import BrowserTools
@@ -39,8 +39,8 @@ class ListModel:
     name, arguments = self.calls.pop(0) if self.calls else ("done", "{}")
     call = {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
             "function": {"name": name, "arguments": arguments}}
-    return ScriptedReply("", "tool_calls", [call], {"role": "assistant", "content": None,
-                                                    "tool_calls": [call]})
+    return ChatResponse("", "tool_calls", {}, {}, [call], {"role": "assistant", "content": None,
+                                                           "tool_calls": [call]})
 
 
 def list_agent(calls, **config):
@@ -88,8 +88,7 @@ def test_bad_arguments_are_format_errors_the_agent_sees_and_three_in_a_row_score
 def test_a_reply_without_a_tool_call_is_a_format_error(browser):
   class Chatty:
     def complete(self, messages, *, tools=None):
-      return ScriptedReply("I think I am done.", "stop", [], {"role": "assistant",
-                                                               "content": "I think I am done."})
+      return ChatResponse.of_text("I think I am done.")
   result = episode.run_episode(CLICK_TEST, browser, lambda tools, instruction: BrowserAgent(
       Chatty(), tools, BrowserAgentConfig()).run(instruction))
   assert result.outcome.status == "format_failure" and result.outcome.reward == -1.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from .web import Request, Response, Site, esc, redirect
 
