@@ -8,6 +8,7 @@ import importlib.util
 import os
 import re
 import sys
+import traceback
 
 from absl import app
 from absl import flags
@@ -149,8 +150,12 @@ def flags_parser(*file_flags: str):
       if problem:
         sys.stderr.write(f"error: {problem}\n")
         sys.exit(2)
+      _report_load_errors(name)
     try:
       return flags.FLAGS(argv)
+    except ConfigFileError as e:               # not Python, no get_config, get_config raised
+      sys.stderr.write(f"error: {e}\n")
+      sys.exit(2)
     except (flags.Error, ValueError) as e:     # --config.rl.lr=abc; an unknown preset
       lines = [line for line in str(e).splitlines() if line.strip()]
       if "Error whilst parsing config file" in str(e):   # ml_collections embeds the traceback
@@ -160,6 +165,50 @@ def flags_parser(*file_flags: str):
     except (AttributeError, KeyError) as e:
       _exit_unknown_field(e, argv, file_flags)
   return parse
+
+
+class ConfigFileError(Exception):
+  """A config file that exists but cannot be loaded: not Python, no get_config, or
+  get_config raised. Not a ValueError, so absl's flag parsing lets it through unchanged."""
+
+
+def _report_load_errors(name: str) -> None:
+  """Makes the config-file flag `name` raise ConfigFileError (one line naming the file, the
+  error and where it happened) for a file that does not load, instead of the traceback
+  ml_collections lets through for anything but TypeError, ValueError and a missing file."""
+  parser = flags.FLAGS[name].parser
+  if getattr(parser, "_orchard_reports_load_errors", False):
+    return
+  load = parser.parse
+
+  def parse(value):
+    try:
+      return load(value)
+    except (TypeError, ValueError, OSError):   # absl reports these (see flags_parser)
+      raise
+    except Exception as e:  # noqa: BLE001 - any failure of the user's file is reported
+      raise ConfigFileError(f"--{name} {value}: {describe_load_error(e)}") from e
+
+  parser.parse = parse
+  parser._orchard_reports_load_errors = True
+
+
+def describe_load_error(error: Exception) -> str:
+  """Why a config file did not load, in one line: a file that is not Python (with the line),
+  one without get_config, or what its code raised and where (file:line of the innermost
+  frame)."""
+  if isinstance(error, SyntaxError):
+    return (f"not a Python config file: {error.msg} ({os.path.basename(error.filename or '')} "
+            f"line {error.lineno}); expected experiments/NAME.py[:preset]")
+  if isinstance(error, AttributeError) and getattr(error, "name", None) == "get_config":
+    return ("the file defines no get_config(); an experiment file is a Python module whose "
+            "get_config(preset) returns the config (see experiments/swe_rpr.py)")
+  where = ""
+  frames = traceback.extract_tb(error.__traceback__)
+  if frames:
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})"
+  message = str(error).splitlines()[0] if str(error) else ""
+  return f"loading it raised {type(error).__name__}: {message}{where}"
 
 
 def usage_errors_as_one_line(main):

@@ -320,3 +320,28 @@ def test_ctrl_c_in_a_job_is_one_line_and_status_130(tmp_path):
   assert result.returncode == 130, result.stderr[-2000:]
   assert "Traceback" not in result.stderr
   assert result.stderr.strip().splitlines()[-1].startswith("interrupted (Ctrl-C): files written")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("harness's model calls into training data\n", "not a Python config file"),   # a README
+    ("import ml_collections\nCONFIG = 1\n", "the file defines no get_config()"),
+    ("def get_config(preset='tiny'):\n  return {}['rl']\n", "loading it raised KeyError: 'rl'"),
+    ("import no_such_module_xyz\ndef get_config():\n  pass\n",
+     "loading it raised ModuleNotFoundError: No module named 'no_such_module_xyz'"),
+])
+def test_a_config_file_that_does_not_load_is_one_line(tmp_path, text, expected):
+  """A file that exists but is not an experiment (not Python, no get_config, get_config raised)
+  is one `error:` line naming the flag and the file; ml_collections let these out as tracebacks
+  (and a missing get_config was reported as an unknown field 'config_config')."""
+  path = tmp_path / "exp.py"
+  path.write_text(text)
+  for launcher in (["run.py"], ["sweep.py", "--render"]):
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "launch", launcher[0]),
+                             "--config", str(path), *launcher[1:]],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"error: --config {path}: "), lines
+    assert expected in lines[0] and "Traceback" not in result.stderr
+  if "raised KeyError" in expected:                   # where: the file and line that raised
+    assert f"{path}:2" in lines[0]
