@@ -133,3 +133,22 @@ def test_non_finite_numbers_and_lone_surrogates_are_refused(service, pair, raw, 
   assert answer.status_code == 422 and field in answer.json()["error"]["details"]["fields"]
   jobs = _raw(service, "GET", f"/v1/sandboxes/{box.id}/jobs")
   assert jobs.status_code == 200 and jobs.json()["jobs"] == before
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "/workspace", "/proc/self/status"])
+def test_an_upload_the_sandbox_refuses_is_a_4xx_whatever_its_size(service, pair, path):
+  """A read-only file, a folder, a /proc file: the sandbox refuses the write, and with a body
+  larger than a pipe's buffer it does so before every byte is sent. The answer is that refusal
+  (a 4xx naming the path), never a 500, the keep-alive connection stays usable, and both
+  sandboxes go on working (a 1 MiB body used to end in a BrokenPipeError and a 500)."""
+  box, other = pair
+  with httpx.Client(base_url=service.url, headers={"X-API-Key": service.api_key},
+                    timeout=60) as http:
+    for size in (10, 1 << 20):
+      answer = http.put(f"/v1/sandboxes/{box.id}/files", params={"path": path},
+                        content=b"x" * size)
+      assert 400 <= answer.status_code < 500, (size, answer.status_code, answer.text)
+      assert path in answer.json()["error"]["message"]
+      assert http.get(f"/v1/sandboxes/{box.id}").status_code == 200     # same connection
+  for b in (box, other):
+    assert b.exec("echo alive").stdout == "alive\n"

@@ -869,7 +869,10 @@ class LocalBackend(Backend):
       total = await _pipes.write_all(data_w, _as_async(chunks))
       os.close(data_w)
       data_w = None
-      os.write(commit_w, str(total).encode())
+      try:
+        os.write(commit_w, str(total).encode())
+      except BrokenPipeError:   # the spawner refused the write and left: its answer says why
+        pass
     except BaseException:
       reply.close()
       raise
