@@ -24,7 +24,7 @@ from ml_collections import ConfigDict
 
 from orchard_jax import data
 from orchard_jax.recipes import ConfigError
-from orchard_jax.recipes.agentic import evaluation, jobs
+from orchard_jax.recipes.agentic import evaluation, jobs, run_dir
 from orchard_jax.recipes.agentic.evaluation import GroupSummary
 from orchard_jax.recipes.agentic.domain import Annotation, Outcome
 from orchard_jax.recipes.agentic.sandboxes import sandbox_client
@@ -368,13 +368,24 @@ def train_rl(config: ConfigDict) -> dict:
 def evaluate(config: ConfigDict) -> dict:
   """Job "claw.evaluate": the checkpoint on the evaluation tasks, eval.k trials each, with
   agent.harness; prints pass@k and pass^k per service and overall (and each trial's mean
-  task_score) beside the loop's pass@1 report, and writes <run>/eval/claw_summary.json."""
+  task_score) beside the loop's pass@1 report, then where the rollouts spent their time
+  (`rollout_times`); writes <run>/eval/claw_summary.json and rollout_times.json."""
   domain = ClawDomain(config)
   services = {t.id: t.services for t in domain._evaluation_tasks()}
-  return jobs.evaluate_groups(
+  result = jobs.evaluate_groups(
       config, domain, {"service": services}, name="claw", trial_score=_task_score,
       header=f"harness {config.agent.harness}, checkpoint {config.checkpoint}:",
       extra={"harness": config.agent.harness})
+  store_path = config.store.path or os.path.join(run_dir(config), "store")
+  if os.path.isdir(store_path):
+    with data.TrajectoryStore(store_path) as store:
+      result["rollout_times"] = rollout_times(store, f"{config.name}-eval")
+    print(format_rollout_times(result["rollout_times"]), flush=True)
+    path = os.path.join(config.eval.output_dir or run_dir(config), "eval", "rollout_times.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+      json.dump(result["rollout_times"], f, indent=1)
+  return result
 
 
 def _task_score(trajectory: data.Trajectory) -> float:
@@ -389,6 +400,70 @@ def claw_summary(report: Mapping[str, Any], services: Mapping[str, Sequence[str]
   the rollout raised or ran out of time), so the aborted column sums to the loop's own count."""
   trials = evaluation.report_trials(report, scores)
   return evaluation.summarize_groups(trials, {i: services.get(i, ()) for i in trials}, k)
+
+
+def rollout_times(store: data.TrajectoryStore, experiment: str) -> dict:
+  """Where the rollouts of `experiment` spent their time, read back from the store.
+
+  Per rollout: `startup_s` (sandbox create until every service answers, `ClawWorld`),
+  `model_s` (the sum of its model calls as the recording proxy timed them: engine queueing,
+  prefill and decode), `other_s` (the rest of the episode: tool calls through the sandbox,
+  the harness, grading) and its number of model calls. Tokens: `first_prompt_tokens` (every
+  rollout's first prompt, prefilled in full unless the engine's prefix cache holds it),
+  `later_prompt_tokens` (what later calls add beyond the previous call's prompt and output: the
+  tool results and harness messages) and `output_tokens`.
+
+  Returns:
+    {"rollouts", "calls", "calls_per_rollout", "model_share" (model time / episode time),
+     "first_prompt_tokens", "later_prompt_tokens", "output_tokens", and for each of
+     "startup_s", "model_s", "other_s", "episode_s": {"p50", "p99", "max", "sum"}} in seconds;
+    {"rollouts": 0} when the experiment has no trajectories.
+  """
+  import numpy as np
+  rows = {k: [] for k in ("startup_s", "model_s", "other_s", "episode_s")}
+  calls_total, first_tokens, later_tokens, output_tokens = 0, 0, 0, 0
+  for t in store.trajectories(experiment=experiment):
+    calls = store.model_calls(t.session_id) if t.session_id else []
+    model = sum(max(c.finished_at - c.started_at, 0.0) for c in calls)
+    startup, episode = (float(t.metadata.get(k) or 0.0) for k in ("startup_s", "episode_s"))
+    for key, value in (("startup_s", startup), ("model_s", model), ("episode_s", episode),
+                       ("other_s", max(episode - startup - model, 0.0))):
+      rows[key].append(value)
+    calls_total += len(calls)
+    seen = 0
+    for i, c in enumerate(calls):
+      if i == 0:
+        first_tokens += len(c.prompt_ids)
+      else:
+        later_tokens += max(len(c.prompt_ids) - seen, 0)
+      seen = len(c.prompt_ids) + len(c.output_ids)
+      output_tokens += len(c.output_ids)
+  n = len(rows["episode_s"])
+  if not n:
+    return {"rollouts": 0}
+  out: dict = {"rollouts": n, "calls": calls_total, "calls_per_rollout": calls_total / n,
+               "model_share": sum(rows["model_s"]) / max(sum(rows["episode_s"]), 1e-9),
+               "first_prompt_tokens": first_tokens, "later_prompt_tokens": later_tokens,
+               "output_tokens": output_tokens}
+  for key, values in rows.items():
+    v = np.asarray(values, np.float64)
+    out[key] = {"p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99)),
+                "max": float(v.max()), "sum": float(v.sum())}
+  return out
+
+
+def format_rollout_times(times: Mapping[str, Any]) -> str:
+  """`rollout_times` in three lines."""
+  if not times.get("rollouts"):
+    return "rollout times: no rollouts"
+  def span(key):
+    return f"p50 {times[key]['p50']:.2f} s, p99 {times[key]['p99']:.2f} s"
+  return (f"rollout times ({times['rollouts']} rollouts): services up {span('startup_s')}; "
+          f"model calls {span('model_s')} ({times['model_share']:.0%} of episode time); "
+          f"other {span('other_s')}\n"
+          f"  {times['calls']} model calls ({times['calls_per_rollout']:.1f} per rollout): "
+          f"{times['first_prompt_tokens']} first-prompt tokens, {times['later_prompt_tokens']} "
+          f"added by later calls, {times['output_tokens']} output tokens")
 
 
 def _count(items) -> dict:

@@ -161,6 +161,45 @@ def test_claw_summary_and_external_answers():
   assert run.exit_status == "HarnessFailed" and run.answer == "Moved it."
 
 
+
+def _store_rollouts(store, rollouts, experiment="claw_eval-eval"):
+  """rollouts: [(startup_s, episode_s, [(seconds, new prompt tokens, output tokens), ...])]:
+  each call's prompt is the previous call's prompt and output plus its new tokens."""
+  for r, (startup, episode, calls) in enumerate(rollouts):
+    session, clock, prompt = f"{experiment}-{r}", 1000.0 * r, []
+    for i, (seconds, new_tokens, output_len) in enumerate(calls):
+      prompt = prompt + [7] * new_tokens
+      store.append_model_call(data.ModelCall(
+          session_id=session, call_index=i, prompt_ids=list(prompt),
+          output_ids=[5] * output_len, output_logprobs=[-1.0] * output_len,
+          started_at=clock, finished_at=clock + seconds))
+      prompt = prompt + [5] * output_len
+      clock += seconds + 1.0
+    store.append_trajectory(data.Trajectory(
+        trajectory_id=session, task_id=f"task{r}", session_id=session, experiment=experiment,
+        metadata={"startup_s": startup, "episode_s": episode}))
+
+
+def test_rollout_times_split_each_rollout_into_services_model_and_the_rest(tmp_path):
+  from orchard_jax.recipes.claw import format_rollout_times, rollout_times
+  with data.TrajectoryStore(tmp_path / "store") as store:
+    # rollout 0: up 0.5 s, calls of 10 s and 4 s in a 16 s episode (other 1.5 s); first prompt
+    # 100 tokens, the second call adds 20 beyond prompt + output; rollout 1: one 30 s call.
+    _store_rollouts(store, [(0.5, 16.0, [(10.0, 100, 8), (4.0, 20, 6)]),
+                            (1.5, 32.0, [(30.0, 300, 64)])])
+    _store_rollouts(store, [(9.0, 99.0, [(1.0, 5, 5)])], experiment="other")
+    times = rollout_times(store, "claw_eval-eval")
+    assert rollout_times(store, "nothing") == {"rollouts": 0}
+  assert times["rollouts"] == 2 and times["calls"] == 3 and times["calls_per_rollout"] == 1.5
+  assert times["first_prompt_tokens"] == 400 and times["later_prompt_tokens"] == 20
+  assert times["output_tokens"] == 78
+  assert times["model_s"]["sum"] == pytest.approx(44.0)
+  assert times["other_s"]["sum"] == pytest.approx(1.5 + 0.5)
+  assert times["startup_s"]["max"] == 1.5 and times["episode_s"]["p50"] == pytest.approx(24.0)
+  assert times["model_share"] == pytest.approx(44.0 / 48.0)
+  text = format_rollout_times(times)
+  assert "2 rollouts" in text and "services up p50 1.00 s" in text and "92% of episode" in text
+
 @pytest.mark.parametrize("preset", common.PRESETS)
 def test_claw_experiments_name_their_jobs(preset):
   from experiments import claw_eval, claw_rl, claw_sft, claw_tasks
