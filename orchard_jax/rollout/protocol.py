@@ -25,7 +25,7 @@ A batched request (a list of texts or of id lists) answers with a list of such o
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -67,6 +67,14 @@ SGLANG_GENERATE_FIELDS = frozenset({
   *_UNSUPPORTED_GENERATE, *_IGNORED_GENERATE})
 
 
+# The integers a /generate call can carry: the clients' JSON encoder (orjson) takes signed and
+# unsigned 64-bit integers and refuses larger ones (a proxied request with such a seed or
+# max_tokens was a 500 when the upstream call was encoded), so sampling fields are refused
+# outside this range where they are parsed. Seeds drawn as unsigned 64-bit values still fit.
+JSON_INT_MIN, JSON_INT_MAX = -(2**63), 2**64 - 1
+JSONInt = Annotated[int, Field(ge=JSON_INT_MIN, le=JSON_INT_MAX)]
+
+
 # OpenAI-style names a /generate caller may send by mistake -> SGLang's native field.
 _OPENAI_NAMES = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens",
                  "seed": "sampling_seed"}
@@ -103,20 +111,21 @@ class SamplingParams(BaseModel):
     no_stop_trim: keep the matched stop string in the returned text.
     sampling_seed: seed of this request's random stream; same seed, prompt and weights give
       the same tokens whatever else shares the batch. None draws a fresh seed.
+  Integer fields take what 64-bit JSON integers hold (JSON_INT_MIN..JSON_INT_MAX).
   """
   model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-  max_new_tokens: Optional[int] = Field(128, ge=0)
+  max_new_tokens: Optional[int] = Field(128, ge=0, le=JSON_INT_MAX)
   stop: Optional[Union[str, list[str]]] = None
-  stop_token_ids: Optional[list[int]] = None
+  stop_token_ids: Optional[list[JSONInt]] = None
   temperature: float = Field(1.0, ge=0.0)
   top_p: float = Field(1.0, gt=0.0, le=1.0)
-  top_k: int = -1
+  top_k: JSONInt = -1
   min_p: float = Field(0.0, ge=0.0, le=1.0)
   ignore_eos: bool = False
   skip_special_tokens: bool = True
   no_stop_trim: bool = False
-  sampling_seed: Optional[int] = None
+  sampling_seed: Optional[JSONInt] = None
 
   @pydantic.model_validator(mode="before")
   @classmethod

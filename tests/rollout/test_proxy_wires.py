@@ -305,3 +305,31 @@ def test_responses_bodies_never_500(short_proxy, body):
 @given(body=_MESSAGES_BODY)
 def test_messages_bodies_never_500(short_proxy, body):
   _post_never_500(short_proxy, "messages", body)
+
+
+_HUGE = 2**64          # one past what a 64-bit JSON integer holds
+_USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("chat/completions", {"messages": _USER, "max_tokens": _HUGE}, "max_new_tokens"),
+    ("chat/completions", {"messages": _USER, "max_completion_tokens": _HUGE}, "max_new_tokens"),
+    ("chat/completions", {"messages": _USER, "seed": _HUGE}, "sampling_seed"),
+    ("chat/completions", {"messages": _USER, "seed": -2**63 - 1}, "sampling_seed"),
+    ("chat/completions", {"messages": _USER, "top_k": _HUGE}, "top_k"),
+    ("chat/completions", {"messages": _USER, "stop_token_ids": [_HUGE]}, "stop_token_ids"),
+    ("responses", {"input": "hi", "max_output_tokens": _HUGE}, "max_new_tokens"),
+    ("messages", {"messages": _USER, "max_tokens": _HUGE}, "max_new_tokens"),
+])
+def test_integers_beyond_64_bits_are_a_400_naming_the_field(short_proxy, path, body, field):
+  """Every wire: an integer no 64-bit JSON integer holds is the caller's 400 naming the field
+  (the proxy's upstream call could not encode it: each was a 500), and the session goes on."""
+  session = "huge-ints"
+  with httpx.Client(timeout=60) as http:
+    response = http.post(f"{short_proxy.session_url(session)}/{path}",
+                         json={"model": "m", **body})
+    assert response.status_code == 400, (response.status_code, response.text[:300])
+    assert field in response.text and "internal error" not in response.text
+    fine = http.post(f"{short_proxy.session_url(session)}/chat/completions",
+                     json={"model": "m", "messages": _USER, "seed": 2**64 - 1})
+    assert fine.status_code == 200, fine.text[:300]           # an unsigned 64-bit seed fits
