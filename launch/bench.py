@@ -21,6 +21,9 @@ _JSON = flags.DEFINE_string("json", None, "Also write the rows as JSON to this p
 
 def main(argv):
   del argv
+  if _SUITE.value is None:
+    raise app.UsageError(f"--suite is required: one of {list(common.SUITES)}, e.g. "
+                         "--suite model")
   if _SUITE.value not in common.SUITES:
     raise app.UsageError(f"--suite is {_SUITE.value!r}; expected one of {list(common.SUITES)}")
   rows = common.load_suite(_SUITE.value).run()

@@ -29,3 +29,15 @@ def test_a_misspelt_suite_is_one_line_and_status_2():
   assert result.returncode == 2
   assert result.stderr.strip().splitlines() == [
       f"error: --suite is 'proxyy'; expected one of {list(common.SUITES)} (see --help)"]
+
+
+def test_a_missing_suite_says_it_is_required():
+  """Was "--suite is None; expected one of ..." (walkthrough)."""
+  import subprocess
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  result = subprocess.run([sys.executable, os.path.join(root, "launch", "bench.py")],
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      f"error: --suite is required: one of {list(common.SUITES)}, e.g. --suite model "
+      "(see --help)"]
