@@ -5,6 +5,7 @@
 #
 #   bash launch/install.sh            # everything
 #   ORCHARD_INSTALL_SKIP=apt bash launch/install.sh    # skip a step: apt, pip, npm (comma list)
+#   PYTHON=.venv/bin/python bash launch/install.sh    # another Python than `python` on PATH
 #
 # Each step prints one line; a failing step stops the script with its command's error.
 set -euo pipefail
@@ -42,9 +43,30 @@ if [[ $skip != *,apt,* ]]; then
   fi
 fi
 
+# Python packages go into the Python that runs orchard_jax: `python` on PATH (an activated
+# virtual environment, pyenv or conda), or $PYTHON. Debian's own python3 refuses pip installs
+# (PEP 668), so it is refused here with what to do instead (unless PIP_BREAK_SYSTEM_PACKAGES).
+python=${PYTHON:-python}
+if [[ $skip != *,pip,* || $skip != *,npm,* ]]; then
+  venv_hint="create and activate a virtual environment first (python3 -m venv .venv && . .venv/bin/activate; on Debian: apt-get install python3-venv), or set PYTHON=/path/to/python"
+  if ! command -v "$python" >/dev/null; then
+    echo "install.sh: no '$python' on PATH: orchard_jax needs Python >= 3.11; $venv_hint" >&2
+    exit 1
+  fi
+  if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "install.sh: $python is Python $("$python" -c 'import platform; print(platform.python_version())'); orchard_jax needs >= 3.11; $venv_hint" >&2
+    exit 1
+  fi
+  if [ -z "${PIP_BREAK_SYSTEM_PACKAGES:-}" ] && "$python" -c 'import os, sys, sysconfig
+sys.exit(not (sys.prefix == sys.base_prefix and os.path.isfile(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))))'; then
+    echo "install.sh: $python ($(command -v "$python")) is the system's Python, which refuses pip installs (PEP 668); $venv_hint" >&2
+    exit 1
+  fi
+fi
+
 if [[ $skip != *,pip,* ]]; then
-  echo "install.sh: Python packages (requirements.txt)"
-  python -m pip install -q -r requirements.txt
+  echo "install.sh: Python packages (requirements.txt) into $("$python" -c 'import sys; print(sys.prefix)')"
+  "$python" -m pip install -q -r requirements.txt
 fi
 
 # The external harness CLIs that run inside task sandboxes (agent.harness=codex|claude_code):
@@ -57,7 +79,7 @@ if [[ $skip != *,npm,* ]]; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends npm
   fi
   echo "install.sh: harness CLIs (Codex CLI, Claude Code, Node.js 22)"
-  python -m orchard_jax.harness install codex claude_code
+  "$python" -m orchard_jax.harness install codex claude_code
 fi
 
 echo "install.sh: done"
