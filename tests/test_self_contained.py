@@ -66,3 +66,38 @@ def test_the_check_finds_a_missing_document(tmp_path):
   assert _MD_CITATION.findall(line) == ["NOTES_ELSEWHERE.md", "docs/algorithms.md"]
   # Built from parts so that this test's own text is not a citation for the check to find.
   assert _OUTSIDE.search("as ../" + "shared/" + "ALGO" + "RITHMS.md says")
+
+
+# A path written in backticks in README.md or docs/ that starts at a folder of the repository
+# or of the package ("launch/run.py", "rollout/proxy.py"); run outputs ("runs/...",
+# "build/build_report.jsonl", "WORKDIR/summary.json") start elsewhere and are not checked.
+_CODE_PATH = re.compile(r"`([\w.-]+(?:/[\w.-]+)+/?)(?::\w+)?`")
+
+
+def _missing_code_paths(text: str) -> list[str]:
+  """Backticked repository paths in `text` that name nothing in the checkout."""
+  missing = []
+  for match in _CODE_PATH.finditer(text):
+    path = match.group(1).rstrip("/")
+    first = path.split("/")[0]
+    if first == "runs" or not any((base / first).is_dir() for base in (ROOT, ROOT / "orchard_jax")):
+      continue
+    if not ((ROOT / path).exists() or (ROOT / "orchard_jax" / path).exists()):
+      missing.append(path)
+  return missing
+
+
+def test_every_path_the_readme_and_docs_name_exists():
+  """A stale path sends a reader to nothing (docs/algorithms.md named a prompts folder that had
+  moved into the SWE recipe)."""
+  missing = []
+  for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for lineno, line in enumerate(_text(path).splitlines(), 1):
+      missing += [f"{path.relative_to(ROOT)}:{lineno}: {p}" for p in _missing_code_paths(line)]
+  assert not missing, "paths named but not in the repository:\n" + "\n".join(missing)
+
+
+def test_the_path_check_finds_a_moved_file():
+  text = ("prompt in `orchard_jax/recipes/prompts/`, code in `rollout/proxy.py` and "
+          "`experiments/swe_rpr.py:cluster`, output in `WORKDIR/summary.json`")
+  assert _missing_code_paths(text) == ["orchard_jax/recipes/prompts"]
