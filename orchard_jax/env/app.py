@@ -41,6 +41,7 @@ from fastapi import responses
 from prometheus_client import core as prom_core
 
 from orchard_jax.env import api as _api
+from orchard_jax.env import fast_path as _fast_path
 from orchard_jax.env import store as _store
 from orchard_jax.env import tenants as _tenants
 from orchard_jax.env.errors import (AuthenticationError, EnvError, InvalidRequest,
@@ -201,7 +202,8 @@ class _SandboxNetwork(httpcore.AsyncNetworkBackend):
 
 
 def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
-              public_url: Optional[str] = None, lifespan=None) -> fastapi.FastAPI:
+              public_url: Optional[str] = None, lifespan=None,
+              fast_exec: bool = True) -> fastapi.FastAPI:
   """The FastAPI application of the service.
 
   Args:
@@ -210,10 +212,15 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
       dict; see orchard_jax.env.tenants), or a Tenants.
     admin_keys: keys that see and manage every tenant's sandboxes.
     public_url: base URL used in exposed-port URLs (default: the URL the request came to).
+    fast_exec: answer well-formed exec requests on the fast path (orchard_jax.env.fast_path;
+      the same answers, without FastAPI's per-request work). False: every request goes
+      through its FastAPI route.
   """
   keys = (api_keys if isinstance(api_keys, _tenants.Tenants)
           else _tenants.Tenants(api_keys, admin_keys))
   app = fastapi.FastAPI(title="Orchard Env", version="1", lifespan=lifespan)
+  if fast_exec:   # inside the body limit (middleware added first runs innermost)
+    app.add_middleware(_fast_path.ExecFastPath, manager=manager, tenants=keys)
   app.add_middleware(_BodyLimit, limit=MAX_REQUEST_BYTES)
   metrics = _Metrics(manager)
   app.state.manager = manager
