@@ -19,6 +19,7 @@ from typing import Optional, Union, Sequence
 import httpx
 
 from orchard_jax.env import _http
+from orchard_jax.env import _transport
 from orchard_jax.env import egress as _egress
 from orchard_jax.env.errors import EnvError, NotFound, PatchError, SandboxNotFound
 from orchard_jax.env.results import ExecResult, PatchResult
@@ -59,7 +60,8 @@ class SandboxClient:
     self.timeout = timeout
     self.retry = retry
     self._http = httpx.Client(base_url=self.url, headers={"X-API-Key": self.api_key},
-                              timeout=timeout, limits=httpx.Limits(max_keepalive_connections=32))
+                              timeout=timeout, limits=httpx.Limits(max_keepalive_connections=32),
+                              mounts=_transport.mounts_for(self.url, max_idle=32))
     self._owned = {}
     self.client_id = secrets.token_hex(8)   # label of every sandbox this client creates
     self._created_any = False

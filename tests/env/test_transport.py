@@ -1,0 +1,149 @@
+"""The SDK's HTTP/1.1 transport (orchard_jax.env._transport) against httpx's own: a recording
+HTTP/1.1 server (the standard library's) sees the same requests and the client the same
+responses through both, for any method, path, query and body (hypothesis); an idle connection
+the server closed is replaced, not failed; failures are httpx's exceptions.
+"""
+import base64
+import gzip
+import http.server
+import json
+import socket
+import threading
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchard_jax.env import _transport
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+  protocol_version = "HTTP/1.1"
+
+  def log_message(self, *args):
+    pass
+
+  def _answer(self):
+    length = int(self.headers.get("Content-Length") or 0)
+    body = self.rfile.read(length) if length else b""
+    seen = json.dumps({"method": self.command, "path": self.path,
+                       "headers": sorted((k.lower(), v) for k, v in self.headers.items()
+                                         if k.lower() not in ("user-agent",)),
+                       "body": base64.b64encode(body).decode()}).encode()
+    if self.path.startswith("/gzip"):
+      payload = gzip.compress(seen)
+      self.send_response(200)
+      self.send_header("Content-Encoding", "gzip")
+      self.send_header("Content-Length", str(len(payload)))
+      self.end_headers()
+      self.wfile.write(payload)
+    elif self.path.startswith("/chunked"):
+      self.send_response(207)
+      self.send_header("Transfer-Encoding", "chunked")
+      self.send_header("X-Many", "a")
+      self.send_header("X-Many", "b")
+      self.end_headers()
+      for i in range(0, len(seen), 7):
+        piece = seen[i:i + 7]
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+      self.wfile.write(b"0\r\n\r\n")
+    else:
+      status = 404 if self.path.startswith("/missing") else 200
+      self.send_response(status)
+      self.send_header("Content-Type", "application/json")
+      self.send_header("Content-Length", str(len(seen)))
+      self.end_headers()
+      if self.command != "HEAD":
+        self.wfile.write(seen)
+    if self.path.startswith("/hang-up"):   # keep-alive answered, then the server closes it
+      self.close_connection = True
+
+  do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _answer
+
+
+@pytest.fixture(scope="module")
+def server():
+  httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+  httpd.daemon_threads = True
+  thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+  thread.start()
+  yield f"http://127.0.0.1:{httpd.server_address[1]}"
+  httpd.shutdown()
+  httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def clients(server):
+  """(httpx's own transport, StdlibTransport) clients of the server."""
+  mounts = _transport.mounts_for(server)
+  assert list(mounts) == [server]
+  with httpx.Client(base_url=server, headers={"X-API-Key": "k"}) as stock, \
+       httpx.Client(base_url=server, headers={"X-API-Key": "k"}, mounts=mounts) as ours:
+    yield stock, ours
+
+
+def _outcome(client, method, path, params, body):
+  response = client.request(method, path, params=params, content=body)
+  headers = sorted((k, v) for k, v in response.headers.multi_items()
+                   if k not in ("date", "server"))
+  return response.status_code, response.reason_phrase, headers, response.content
+
+
+_SEGMENT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")),
+                   min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]),
+       kind=st.sampled_from(["", "gzip", "chunked", "missing", "hang-up"]),
+       segments=st.lists(_SEGMENT, max_size=3),
+       params=st.dictionaries(_SEGMENT, _SEGMENT, max_size=2),
+       body=st.binary(max_size=3000))
+def test_requests_and_responses_are_as_through_httpx_own_transport(clients, method, kind,
+                                                                    segments, params, body):
+  if method == "HEAD" and kind in ("gzip", "chunked"):
+    kind = ""
+  path = "/" + "/".join([kind or "plain"] + segments)
+  stock, ours = clients
+  for _ in range(2):   # the second time on a kept-alive (or replaced) connection
+    assert _outcome(ours, method, path, params, body) == _outcome(stock, method, path, params,
+                                                                  body)
+
+
+def test_an_idle_connection_the_server_closed_is_replaced(server):
+  transport = _transport.StdlibTransport()
+  with httpx.Client(base_url=server, mounts={server: transport}) as client:
+    assert client.get("/hang-up").status_code == 200     # the server closes it afterwards
+    conn = transport._idle[("127.0.0.1", int(server.rsplit(":", 1)[1]))][0]
+    conn.sock.recv(1, socket.MSG_PEEK)                   # wait for the server's FIN
+    for _ in range(3):
+      assert client.post("/again", content=b"x").status_code == 200
+
+
+def test_failures_are_httpx_exceptions(server):
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    free = f"http://127.0.0.1:{s.getsockname()[1]}"
+  with httpx.Client(base_url=free, mounts=_transport.mounts_for(free)) as client:
+    with pytest.raises(httpx.ConnectError):
+      client.get("/")
+  silent = socket.socket()
+  silent.bind(("127.0.0.1", 0))
+  silent.listen()
+  url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+  try:
+    with httpx.Client(base_url=url, mounts=_transport.mounts_for(url), timeout=0.3) as client:
+      with pytest.raises(httpx.ReadTimeout):
+        client.post("/", content=b"never answered")
+  finally:
+    silent.close()
+
+
+def test_only_plain_http_without_a_proxy_uses_it(monkeypatch):
+  for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+    monkeypatch.delenv(name, raising=False)
+  assert list(_transport.mounts_for("http://user:pw@10.0.0.1:8080/")) == ["http://10.0.0.1:8080"]
+  assert _transport.mounts_for("https://env.example:8443") == {}
+  monkeypatch.setenv("HTTP_PROXY", "http://proxy.internal:3128")
+  assert _transport.mounts_for("http://10.0.0.1:8080") == {}
