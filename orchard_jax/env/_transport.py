@@ -61,6 +61,7 @@ class StdlibTransport(httpx.BaseTransport):
       headers.append((b"Content-Length", str(len(body)).encode()))
     target = request.url.raw_path.decode("ascii")
     conn = self._take(origin) or self._connect(origin, timeouts.get("connect"), request)
+    write_error = None
     try:
       try:
         conn.sock.settimeout(timeouts.get("write"))
@@ -71,21 +72,26 @@ class StdlibTransport(httpx.BaseTransport):
       except socket.timeout as e:
         raise httpx.WriteTimeout(str(e) or "write timed out", request=request) from e
       except OSError as e:
-        raise httpx.WriteError(str(e) or type(e).__name__, request=request) from e
+        # The server may have answered and closed before reading the whole body (a refusal,
+        # 413): read its answer, as httpx's own transport does.
+        write_error = e
       try:
         conn.sock.settimeout(timeouts.get("read"))
         response = conn.getresponse()
         content = response.read()
-      except socket.timeout as e:
-        raise httpx.ReadTimeout(str(e) or "read timed out", request=request) from e
-      except http.client.HTTPException as e:   # incl. RemoteDisconnected, BadStatusLine
-        raise httpx.RemoteProtocolError(f"{type(e).__name__}: {e}", request=request) from e
-      except OSError as e:
+      except (socket.timeout, http.client.HTTPException, OSError) as e:
+        if write_error is not None:
+          raise httpx.WriteError(str(write_error) or type(write_error).__name__,
+                                 request=request) from write_error
+        if isinstance(e, socket.timeout):
+          raise httpx.ReadTimeout(str(e) or "read timed out", request=request) from e
+        if isinstance(e, http.client.HTTPException):   # incl. RemoteDisconnected
+          raise httpx.RemoteProtocolError(f"{type(e).__name__}: {e}", request=request) from e
         raise httpx.ReadError(str(e) or type(e).__name__, request=request) from e
     except BaseException:
       conn.close()
       raise
-    if response.will_close:
+    if response.will_close or write_error is not None:
       conn.close()
     else:
       self._give_back(origin, conn)
