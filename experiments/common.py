@@ -49,7 +49,24 @@ def swe_agent():
   return ml_collections.ConfigDict(dict(
       harness="bash",                # bash (built-in) | mini_swe_agent | codex | claude_code
       step_limit=30, wall_time_limit_s=900.0, max_consecutive_format_errors=3,
-      command_timeout_s=60.0, output_limit_chars=10000))
+      command_timeout_s=60.0, output_limit_chars=10000,
+      # (field, value it has here, value with codex / claude_code): set at run start when
+      # agent.harness is one of those CLIs and the field still holds the first value (one you
+      # set yourself is kept). An experiment fills it (`cli_harness_overrides`).
+      cli_overrides=()))
+
+
+def cli_harness_overrides(config, changes):
+  """`agent.cli_overrides` entries for `changes` ({"block.field": value with a CLI harness}):
+  each records the field's value in `config` now, so a field set on the command line is left
+  alone (recipes/swe/harness.py `check_harness_config` applies them)."""
+  entries = []
+  for path, value in changes.items():
+    node = config
+    for part in path.split("."):
+      node = node[part]
+    entries.append((path, node, value))
+  return tuple(entries)
 
 
 # ----------------------------------------------------------------------------- the agentic loop

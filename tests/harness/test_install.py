@@ -66,7 +66,9 @@ def test_swe_harness_choice_is_checked_before_any_work(tmp_path, monkeypatch, ca
   _fake_package(str(tmp_path), package, version)
   swe_harness.check_harness_config(config)
   assert config.engine.max_seq_len == config.rl.seq_len == swe_harness.CLI_CONTEXT_TOKENS
-  assert "raised from 4096 to 24576" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "raised from 4096 to 24576" in out
+  assert config.rl.iterations == 1 and "rl.iterations set from 6 to 1" in out   # cli_overrides
   assert swe_harness.proxy_origin("http://127.0.0.1:812/sessions/a/v1") == "http://127.0.0.1:812"
 
 

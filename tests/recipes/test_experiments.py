@@ -124,3 +124,39 @@ def test_batch_sizes_must_split_over_microbatches_and_data_parallel_devices():
   config.rl.update(dict(batch_size=devices, microbatches=2))
   with pytest.raises(ConfigError, match=f"multiple of {2 * devices}"):
     checks.check_batch_sizes(config, ("rl",))
+
+
+def test_cli_harness_overrides_size_the_tiny_run_and_keep_fields_set_on_the_command_line():
+  """swe_rpr's tiny preset sizes a codex / claude_code run through agent.cli_overrides: fields
+  still at the experiment's values take the CLI run's, one set on the command line is kept,
+  and an entry naming no field is refused."""
+  from orchard_jax.recipes import ConfigError
+  from orchard_jax.recipes.agentic import checks
+  from orchard_jax.recipes.swe.harness import apply_cli_overrides
+
+  assert swe_rpr.get_config("qwen3_5_35b_a3b").agent.cli_overrides == ()
+  config = swe_rpr.get_config()
+  entries = {path: (before, after) for path, before, after in config.agent.cli_overrides}
+  assert entries["rl.iterations"] == (6, 1) and entries["eval.baseline"] == (True, False)
+  config.rl.iterations = 2                              # as --config.rl.iterations=2 would
+  apply_cli_overrides(config, "codex")
+  assert config.rl.iterations == 2
+  assert (config.eval.baseline, config.rl.final_eval, config.rl.bar.max_rollouts,
+          config.tasks.train_tasks) == (False, False, 4, 1)
+  default = swe_rpr.get_config()
+  for path, _, after in default.agent.cli_overrides:
+    if path != "rl.iterations":
+      assert _get(config, path) == after
+  checks.bar_config(config)                             # a valid BAR setting
+  for block in ("rl", "sft"):   # rows split evenly into microbatches on one device (run.py's CPU)
+    assert config[block].batch_size % config[block].microbatches == 0
+  config.agent.cli_overrides = (("rl.no_such_field", 1, 2),)
+  with pytest.raises(ConfigError, match="rl.no_such_field"):
+    apply_cli_overrides(config, "codex")
+
+
+def _get(config, field):
+  node = config
+  for part in field.split("."):
+    node = node[part]
+  return node

@@ -5,6 +5,7 @@ import json
 import fastapi
 import openai
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from agent_fixture import BASH_TOOL, COMMANDS, OUTPUTS, SYSTEM, TASK
 from orchard_jax.data import TextOnlyRecordError, TrajectoryStore, sequences_from_model_calls
@@ -339,3 +340,28 @@ def test_streamed_call_is_answered_and_recorded(stack):
   assert chunks[-1].choices[0].finish_reason in ("stop", "length")
   [record] = _assert_records_are_the_sampled_ids(proxy, store, upstream, "stream-1")
   assert (record.response.get("content") or "") == text
+
+
+
+_JSON_VALUES = st.recursive(
+  st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=4),
+  lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                              max_size=3),
+  max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=_JSON_VALUES, b=_JSON_VALUES)
+def test_context_key_is_equal_exactly_when_the_json_is(a, b):
+  """Recorded ids are reused only within one context (tools and template arguments): the key
+  of two contexts is equal exactly when their canonical JSON texts (the standard library's,
+  sorted keys) are, whatever the values hold (null, NaN and infinities, integers past 64 bits,
+  1 against 1.0 against true)."""
+  from orchard_jax.rollout.proxy import _context_key
+
+  def reference(tools, kwargs):
+    return json.dumps([tools or [], kwargs], sort_keys=True, ensure_ascii=False)
+
+  for tools_a, tools_b in (([a], [b]), ([{"x": a}], [{"x": b}])):
+    same = reference(tools_a, {"k": a}) == reference(tools_b, {"k": b})
+    assert (_context_key(tools_a, {"k": a}) == _context_key(tools_b, {"k": b})) == same

@@ -14,8 +14,10 @@ workspace diff (`patches.diff_script` against the base commit, as the built-in a
 submission is) is graded exactly as the built-in agent's patch, and its own logs and
 trajectory files are written beside the rollout's evaluation logs (`<log_dir>/harness/`).
 
-The CLIs' first prompts are 8-16k tokens (their system prompts and tool schemas), so
-`check_harness_config` raises the embedded engine's context and the SFT and RL sequence
+An experiment can size a run for the CLIs (`agent.cli_overrides`, e.g. swe_rpr's tiny preset:
+one task, one group, no evaluations); `check_harness_config` applies them to the fields still
+at the experiment's values. The CLIs' first prompts are 8-16k tokens (their system prompts and
+tool schemas), so `check_harness_config` raises the embedded engine's context and the SFT and RL sequence
 lengths to `CLI_CONTEXT_TOKENS` when they are smaller, saying so.
 
 SFT seed data for such a harness is the replay expert's gold plan played through the harness
@@ -56,6 +58,7 @@ def check_harness_config(config: ConfigDict) -> None:
       install.executable(name)
     except HarnessError as e:
       raise ConfigError(f"agent.harness={name}: {e}") from None
+    apply_cli_overrides(config, name)
     for block, field in (("engine", "max_seq_len"), ("rl", "seq_len"), ("sft", "max_tokens"),
                          ("sft", "seq_len")):
       if block in config and int(config[block][field]) < CLI_CONTEXT_TOKENS and not (
@@ -63,6 +66,31 @@ def check_harness_config(config: ConfigDict) -> None:
         print(f"agent.harness={name}: {block}.{field} raised from {config[block][field]} to "
               f"{CLI_CONTEXT_TOKENS} (the CLI's first prompt alone is 8-16k tokens)", flush=True)
         config[block][field] = CLI_CONTEXT_TOKENS
+
+
+def apply_cli_overrides(config: ConfigDict, name: str) -> None:
+  """Applies `agent.cli_overrides` ((field, value it was given, value with a CLI harness)
+  entries, `experiments.common.cli_harness_overrides`) to the fields that still hold the first
+  value, printing each change; a field set otherwise (the command line) is kept.
+
+  Raises:
+    ConfigError: an entry naming no field of the config.
+  """
+  for entry in config.agent.get("cli_overrides", ()) or ():
+    path, before, after = entry
+    *blocks, field = str(path).split(".")
+    node = config
+    try:
+      for block in blocks:
+        node = node[block]
+      current = node[field]
+    except (KeyError, AttributeError):
+      raise ConfigError(f"agent.cli_overrides names {path!r}, which is no field of the "
+                        "config") from None
+    if current == before and current != after:
+      print(f"agent.harness={name}: {path} set from {current} to {after} "
+            "(agent.cli_overrides)", flush=True)
+      node[field] = after
 
 
 def proxy_origin(base_url: str) -> str:
