@@ -28,7 +28,8 @@ def main(argv):
   from orchard_jax import recipes      # light: recipe modules load only when their job runs
   try:
     recipes.check_job(config)          # a typo: one line, before any work
-  except recipes.UnknownJobError as e:
+    recipes.check_values(config)       # a NaN, a sampling setting no engine takes
+  except recipes.ConfigError as e:
     sys.stderr.write(f"error: {e}\n")
     sys.exit(2)
   # Compiled programs are reused from disk by later processes and by a second engine of the

@@ -12,6 +12,7 @@
 only when their job runs, so a light job never pays for a heavy one's imports.
 """
 import importlib
+import math
 
 from ml_collections import ConfigDict
 
@@ -86,6 +87,42 @@ def load_tokenizer(name: str, *, field: str):
     return data.load_tokenizer(name)
   except data.TokenizerError as e:
     raise ConfigError(f"{field}: {e}") from e
+
+
+def check_values(config: ConfigDict) -> None:
+  """Refuses, before any work, values no job can use, which the command line parses without
+  complaint: a NaN anywhere in the config (`--config.rl.lr=nan`), and a `sampling` block
+  outside what every engine accepts (temperature finite and >= 0, top_p in (0, 1],
+  max_tokens >= 0). The engines refused such sampling request by request, after the task set
+  and SFT, as rollouts aborted minutes into the run.
+
+  Raises:
+    ConfigError: names the field, its value and what was expected.
+  """
+  for field, value in _leaves(config):
+    if isinstance(value, float) and math.isnan(value):
+      raise ConfigError(f"{field} is nan; expected a number")
+  sampling = config.get("sampling")
+  if not isinstance(sampling, ConfigDict):
+    return
+  temperature, top_p = sampling.get("temperature"), sampling.get("top_p")
+  max_tokens = sampling.get("max_tokens")
+  if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+    raise ConfigError(f"sampling.temperature is {temperature}; expected a finite number >= 0 "
+                      "(0 decodes greedily)")
+  if top_p is not None and not 0 < top_p <= 1:
+    raise ConfigError(f"sampling.top_p is {top_p}; expected a number in (0, 1]")
+  if max_tokens is not None and max_tokens < 0:
+    raise ConfigError(f"sampling.max_tokens is {max_tokens}; expected a count >= 0")
+
+
+def _leaves(config: ConfigDict, prefix: str = ""):
+  """(dotted field, value) of every non-block field of `config`."""
+  for key, value in config.items():
+    if isinstance(value, ConfigDict):
+      yield from _leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
 
 
 def _check_name(name: str) -> None:

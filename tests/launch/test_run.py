@@ -345,3 +345,32 @@ def test_a_config_file_that_does_not_load_is_one_line(tmp_path, text, expected):
     assert expected in lines[0] and "Traceback" not in result.stderr
   if "raised KeyError" in expected:                   # where: the file and line that raised
     assert f"{path}:2" in lines[0]
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("--config.sampling.temperature=nan", "sampling.temperature is nan; expected a number"),
+    ("--config.rl.lr=nan", "rl.lr is nan; expected a number"),
+    ("--config.sampling.temperature=-0.5", "sampling.temperature is -0.5; expected a finite"),
+    ("--config.sampling.temperature=inf", "sampling.temperature is inf; expected a finite"),
+    ("--config.sampling.top_p=1.5", "sampling.top_p is 1.5; expected a number in (0, 1]"),
+    ("--config.sampling.top_p=0", "sampling.top_p is 0.0; expected a number in (0, 1]"),
+    ("--config.sampling.max_tokens=-1", "sampling.max_tokens is -1; expected a count >= 0"),
+])
+def test_a_value_no_job_can_use_is_one_line_before_any_work(tmp_path, override, expected):
+  """These parse as floats and ints; the engine refused the sampling ones request by request,
+  after the task set and SFT (minutes in), and a NaN learning rate trained NaNs."""
+  workdir = tmp_path / "run"
+  result = _run(["--config", "experiments/swe_rpr.py", override, f"--config.workdir={workdir}"])
+  _one_line_error(result, expected)
+  assert not workdir.exists()
+
+
+def test_every_experiment_default_passes_the_value_checks():
+  import glob
+  import importlib
+  from orchard_jax import recipes
+  for path in sorted(glob.glob(os.path.join(ROOT, "experiments", "*.py"))):
+    name = os.path.basename(path)[:-3]
+    module = importlib.import_module(f"experiments.{name}")
+    if hasattr(module, "get_config"):
+      recipes.check_values(module.get_config())
