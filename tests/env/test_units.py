@@ -316,3 +316,44 @@ def test_fork_server_is_outside_the_sandbox_and_ends_with_it(tmp_path):
     while _alive(spare_server):
       assert time.monotonic() < deadline, "the fork server outlived its sandbox"
       time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------- job expiry
+def test_the_reaper_forgets_expired_jobs_without_scanning_every_job(tmp_path, monkeypatch):
+  import asyncio
+  from orchard_jax.env import manager as manager_module
+  from orchard_jax.env import store as store_module
+
+  class CountingStore(store_module.MemoryStore):   # the real in-memory store, counting scans
+    shared = False
+    scans = 0
+
+    async def list(self, kind, sandbox_id=None):
+      if kind == store_module.JOB and sandbox_id is None:
+        self.scans += 1
+      return await super().list(kind, sandbox_id)
+
+  async def scenario(shared):
+    store = CountingStore()
+    store.shared = shared
+    manager = manager_module.SandboxManager(
+        orchard_env.LocalBackend(state_dir=str(tmp_path / f"state-{shared}")), store,
+        orchard_env.ServiceConfig(job_ttl=60))
+    clock = [1000.0]
+    monkeypatch.setattr(manager_module, "_now", lambda: clock[0])
+    for name, at in (("job-early", 1000.0), ("job-late", 1050.0)):
+      clock[0] = at
+      await manager._record_result({"id": name, "sandbox_id": "sbx-1", "status": "running"},
+                                   jobs.JobResult(status=jobs.FINISHED, exit_code=0))
+    # A record this replica did not finish (another replica's, on a shared store).
+    await store.put(store_module.JOB, "job-foreign", {"id": "job-foreign", "sandbox_id": "sbx-2",
+                                                      "status": "finished", "finished_at": 900.0})
+    clock[0] = 1070.0   # job-early is 70 s old (> job_ttl), job-late 20 s
+    await manager.reap()
+    left = {j["id"] for j in await store.list(store_module.JOB)}
+    return left, store.scans - 1   # less the listing just above
+
+  left, scans = asyncio.run(scenario(shared=False))
+  assert left == {"job-late", "job-foreign"} and scans == 0
+  left, scans = asyncio.run(scenario(shared=True))
+  assert left == {"job-late"} and scans == 1
