@@ -5,7 +5,7 @@ Playwright's `executable_path`; Playwright never downloads a browser) with the f
 needs inside Orchard Env's sandbox and on a closed network, and performs already-validated
 actions in CSS pixels (the host converts the agent's 0-1000 coordinates and checks every
 argument, orchard_jax.tasks.gui.actions). After each action the page settles (a navigation it
-started is waited for, then two animation frames) and the observation is taken: a screenshot,
+started is waited for, then the next animation frame) and the observation is taken: a screenshot,
 the URL, title and tabs, the task's probe (a JavaScript expression the task reads its reward
 from, e.g. MiniWoB's WOB_RAW_REWARD_GLOBAL) and, when asked, the accessibility tree as text.
 
@@ -21,6 +21,9 @@ Standard library and Playwright only: this file runs inside the sandbox.
 from __future__ import annotations
 
 import base64
+import os
+import signal
+import threading
 import time
 from typing import Any, Dict, List, Optional
 
@@ -34,9 +37,26 @@ CHROMIUM_FLAGS = (
     "--disable-domain-reliability", "--disable-features=Translate,MediaRouter,OptimizationHints",
     "--metrics-recording-only", "--mute-audio", "--hide-scrollbars", "--font-render-hinting=none",
 )
-# Resolves after two animation frames: the action's effect has been laid out and painted.
-SETTLE_SCRIPT = ("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame("
-                 "() => r(true))))")
+# Resolves on the page's next animation frame (the action's effect, and whatever it scheduled
+# for that frame, is in the DOM and laid out) with what an observation reads from the page, in
+# one round trip: the title and the task's probe. The screenshot that follows captures a new
+# frame. A probe the page's Content-Security-Policy keeps from `eval` is read separately.
+INFO_SCRIPT = """async (probe) => {
+  await new Promise(resolve => requestAnimationFrame(() => resolve()));
+  let value = null, error = null;
+  if (probe) {
+    try {
+      value = (0, eval)(probe);
+      if (typeof value === "function") value = value();
+      value = await value;
+    } catch (e) { error = String(e); }
+  }
+  return {title: document.title, probe: value, probe_error: error};
+}"""
+
+
+# Actions that are only input events (no navigation, no wait): the action time limit holds.
+_INPUT_ACTIONS = ("click", "hover", "drag", "scroll", "press_keys")
 
 
 class Abort(Exception):
@@ -78,6 +98,7 @@ class Browser:
     self.pages: List[Any] = []
     self.active = 0
     self.options: Dict[str, Any] = {}
+    self._cdp: Dict[Any, Any] = {}      # page -> its DevTools session (screenshots)
 
   def _set_dead(self, reason: str) -> None:
     self.dead = self.dead or reason
@@ -99,6 +120,7 @@ class Browser:
       except Exception:  # noqa: BLE001 - a broken context is replaced anyway
         pass
     self.options = dict(options)
+    self._cdp = {}
     viewport = options.get("viewport") or {"width": 1280, "height": 1000}
     self.context = self._browser.new_context(
         viewport={"width": int(viewport["width"]), "height": int(viewport["height"])},
@@ -136,76 +158,87 @@ class Browser:
     page = self.page
     mouse, keyboard = page.mouse, page.keyboard
     url_before = page.url
+    # Input events into a page whose script hangs never return: past the action time limit a
+    # watchdog ends the page's renderer and the episode is aborted as hung.
+    guard = _Watchdog(self.action_timeout_ms / 1000 if name in _INPUT_ACTIONS else None)
     try:
-      if name == "click":
-        mouse.click(action["x"], action["y"], button=action.get("button", "left"),
-                    click_count=int(action.get("clicks", 1)))
-        done = f"clicked at ({action['x']:.0f}, {action['y']:.0f}) px"
-      elif name == "hover":
-        mouse.move(action["x"], action["y"])
-        done = f"moved the mouse to ({action['x']:.0f}, {action['y']:.0f}) px"
-      elif name == "drag":
-        mouse.move(action["x"], action["y"])
-        mouse.down()
-        mouse.move(action["to_x"], action["to_y"], steps=8)
-        mouse.up()
-        done = (f"dragged from ({action['x']:.0f}, {action['y']:.0f}) to "
-                f"({action['to_x']:.0f}, {action['to_y']:.0f}) px")
-      elif name == "write":
-        if action.get("clear"):
-          keyboard.press("ControlOrMeta+A")
-          keyboard.press("Delete")
-        keyboard.type(action["text"])
-        if action.get("enter"):
-          keyboard.press("Enter")
-        done = f"typed {len(action['text'])} characters"
-      elif name == "press_keys":
-        keyboard.press("+".join(action["keys"]))
-        done = f"pressed {'+'.join(action['keys'])}"
-      elif name == "scroll":
-        mouse.move(action["x"], action["y"])
-        mouse.wheel(action.get("dx", 0), action.get("dy", 0))
-        done = f"scrolled by ({action.get('dx', 0):.0f}, {action.get('dy', 0):.0f}) px"
-      elif name == "wait":
-        page.wait_for_timeout(float(action["seconds"]) * 1000)
-        done = f"waited {float(action['seconds']):g} s"
-      elif name == "goto_url":
-        self._goto(page, action["url"])
-        done = f"opened {action['url']}"
-      elif name == "go_back":
-        if page.go_back(wait_until="load") is None:
-          raise ActionError("there is no earlier page in this tab's history")
-        done = "went back"
-      elif name == "new_tab":
-        new = self.context.new_page()   # _on_page makes it the active tab
-        if action.get("url"):
-          self._goto(new, action["url"])
-        done = f"opened tab {self.pages.index(new)}"
-      elif name == "switch_tab":
-        index = int(action["index"])
-        if not 0 <= index < len(self.pages):
-          raise ActionError(f"there is no tab {index}; the tabs are 0-{len(self.pages) - 1}")
-        self.active = index
-        self.pages[index].bring_to_front()
-        done = f"switched to tab {index}"
-      elif name == "close_tab":
-        index = int(action.get("index", self.active))
-        if not 0 <= index < len(self.pages):
-          raise ActionError(f"there is no tab {index}; the tabs are 0-{len(self.pages) - 1}")
-        if len(self.pages) == 1:
-          raise ActionError("the last tab cannot be closed")
-        closing = self.pages.pop(index)
-        closing.close()
-        self.active = min(self.active if self.active < index else max(self.active - 1, 0),
-                          len(self.pages) - 1)
-        self.pages[self.active].bring_to_front()
-        done = f"closed tab {index}"
-      else:
-        raise ActionError(f"unknown action {name!r}")
+      with guard:
+        if name == "click":
+          mouse.click(action["x"], action["y"], button=action.get("button", "left"),
+                      click_count=int(action.get("clicks", 1)))
+          done = f"clicked at ({action['x']:.0f}, {action['y']:.0f}) px"
+        elif name == "hover":
+          mouse.move(action["x"], action["y"])
+          done = f"moved the mouse to ({action['x']:.0f}, {action['y']:.0f}) px"
+        elif name == "drag":
+          mouse.move(action["x"], action["y"])
+          mouse.down()
+          mouse.move(action["to_x"], action["to_y"], steps=8)
+          mouse.up()
+          done = (f"dragged from ({action['x']:.0f}, {action['y']:.0f}) to "
+                  f"({action['to_x']:.0f}, {action['to_y']:.0f}) px")
+        elif name == "write":
+          if action.get("clear"):
+            keyboard.press("ControlOrMeta+A")
+            keyboard.press("Delete")
+          keyboard.type(action["text"])
+          if action.get("enter"):
+            keyboard.press("Enter")
+          done = f"typed {len(action['text'])} characters"
+        elif name == "press_keys":
+          keyboard.press("+".join(action["keys"]))
+          done = f"pressed {'+'.join(action['keys'])}"
+        elif name == "scroll":
+          mouse.move(action["x"], action["y"])
+          mouse.wheel(action.get("dx", 0), action.get("dy", 0))
+          done = f"scrolled by ({action.get('dx', 0):.0f}, {action.get('dy', 0):.0f}) px"
+        elif name == "wait":
+          page.wait_for_timeout(float(action["seconds"]) * 1000)
+          done = f"waited {float(action['seconds']):g} s"
+        elif name == "goto_url":
+          self._goto(page, action["url"])
+          done = f"opened {action['url']}"
+        elif name == "go_back":
+          if page.go_back(wait_until="load") is None:
+            raise ActionError("there is no earlier page in this tab's history")
+          done = "went back"
+        elif name == "new_tab":
+          new = self.context.new_page()   # _on_page makes it the active tab
+          if action.get("url"):
+            self._goto(new, action["url"])
+          done = f"opened tab {self.pages.index(new)}"
+        elif name == "switch_tab":
+          index = int(action["index"])
+          if not 0 <= index < len(self.pages):
+            raise ActionError(f"there is no tab {index}; the tabs are 0-{len(self.pages) - 1}")
+          self.active = index
+          self.pages[index].bring_to_front()
+          done = f"switched to tab {index}"
+        elif name == "close_tab":
+          index = int(action.get("index", self.active))
+          if not 0 <= index < len(self.pages):
+            raise ActionError(f"there is no tab {index}; the tabs are 0-{len(self.pages) - 1}")
+          if len(self.pages) == 1:
+            raise ActionError("the last tab cannot be closed")
+          closing = self.pages.pop(index)
+          self._cdp.pop(closing, None)
+          closing.close()
+          self.active = min(self.active if self.active < index else max(self.active - 1, 0),
+                            len(self.pages) - 1)
+          self.pages[self.active].bring_to_front()
+          done = f"closed tab {index}"
+        else:
+          raise ActionError(f"unknown action {name!r}")
     except (ActionError, Abort):
       raise
     except Exception as e:  # noqa: BLE001 - Playwright's errors, sorted below
+      if guard.fired:
+        raise Abort(f"the page stopped responding during {name}: no answer within "
+                    f"{self.action_timeout_ms / 1000:g} s") from None
       self._raise_sorted(e, name)
+    if guard.fired:             # it returned, but only once the watchdog had ended the page
+      raise Abort(f"the page stopped responding during {name}: no answer within "
+                  f"{self.action_timeout_ms / 1000:g} s")
     self._settle(url_before)
     return done
 
@@ -230,15 +263,14 @@ class Browser:
     raise ActionError(f"{name} failed: {text}")
 
   def _settle(self, url_before: str) -> None:
-    """Waits for what the action set off: a navigation to finish loading, then two animation
-    frames (layout and paint of the action's effect), then the task's extra settle time."""
+    """Waits for what the action set off: a navigation to finish loading, then the task's extra
+    settle time. (The observation that follows waits for the next animation frame.)"""
     page = self.page
-    try:
-      if page.url != url_before:
+    if page.url != url_before:
+      try:
         page.wait_for_load_state("load", timeout=self.navigation_timeout_ms)
-      page.wait_for_function(SETTLE_SCRIPT, timeout=self.action_timeout_ms)
-    except Exception as e:  # noqa: BLE001
-      self._raise_sorted(e, "settling")
+      except Exception as e:  # noqa: BLE001
+        self._raise_sorted(e, "settling")
     extra = float(self.options.get("settle_ms") or 0)
     if extra > 0:
       page.wait_for_timeout(extra)
@@ -253,32 +285,42 @@ class Browser:
 
   def observe(self, *, screenshot: bool = True) -> Dict[str, Any]:
     """The observation: {screenshot (base64), format, width, height (image pixels), url,
-    title, tabs [{index, url, title, active}], probe, a11y (when asked), seconds}."""
+    title, tabs [{index, url, title, active}], probe, a11y (when asked), seconds}.
+
+    Raises:
+      Abort: the page did not reach its next animation frame within the action time limit
+        (its script hangs), or the browser is gone.
+    """
     self._check_alive()
     t0 = time.perf_counter()
     page = self.page
+    probe = self.options.get("probe") or ""
+    info = self._page_info(page, probe if self.active == 0 else "")
     out: Dict[str, Any] = {"url": page.url}
-    shot = self.options.get("screenshot") or {}
-    fmt = shot.get("format", "png")
     if screenshot:
-      kwargs = dict(type=fmt, scale=shot.get("scale", "css"), timeout=self.screenshot_timeout_ms,
-                    animations="allow", caret="initial")
-      if fmt in ("jpeg", "webp") and shot.get("quality") is not None:
-        kwargs["quality"] = int(shot["quality"])
-      data = self._screenshot(page, kwargs)
+      shot = self.options.get("screenshot") or {}
+      fmt = shot.get("format", "png")
+      data = self._screenshot(page, fmt, shot)
       out.update(screenshot=base64.b64encode(data).decode("ascii"), format=fmt,
                  **_image_size(data, fmt))
     tabs = []
     for i, tab in enumerate(self.pages):
-      try:
-        title = tab.title()
-      except Exception:  # noqa: BLE001 - a tab mid-navigation has no title yet
-        title = ""
+      if i == self.active:
+        title = info.get("title") or ""
+      else:
+        try:
+          title = tab.title()
+        except Exception:  # noqa: BLE001 - a tab mid-navigation has no title yet
+          title = ""
       tabs.append({"index": i, "url": tab.url, "title": title, "active": i == self.active})
     out["tabs"] = tabs
     out["title"] = tabs[self.active]["title"]
-    probe = self.options.get("probe")
-    out["probe"] = self._probe(probe) if probe else None
+    if not probe:
+      out["probe"] = None
+    elif self.active == 0 and info.get("probe_error") is None:
+      out["probe"] = info.get("probe")
+    else:       # another tab is active, or the page's policy forbids eval
+      out["probe"] = self._probe(probe)
     if self.options.get("a11y"):
       try:
         out["a11y"] = page.locator("body").aria_snapshot(timeout=self.action_timeout_ms)
@@ -287,21 +329,68 @@ class Browser:
     out["seconds"] = round(time.perf_counter() - t0, 4)
     return out
 
-  def _screenshot(self, page, kwargs: Dict[str, Any]) -> bytes:
-    """A screenshot; Chromium's transient "Unable to capture screenshot" (no compositor frame
-    yet, e.g. right after a new browser context or a navigation) is retried a few times before
-    the page is declared hung, a time-out is not."""
+  def _page_info(self, page, probe: str) -> Dict[str, Any]:
+    """INFO_SCRIPT on `page`, within the action time limit (past it the page is hung)."""
+    try:
+      handle = page.wait_for_function(INFO_SCRIPT, arg=probe, timeout=self.action_timeout_ms)
+      return handle.json_value() or {}
+    except Exception as e:  # noqa: BLE001
+      self._raise_sorted(e, "settling")
+    return {}
+
+  def _screenshot(self, page, fmt: str, shot: Dict[str, Any]) -> bytes:
+    """A screenshot of the viewport. At CSS scale (one image pixel per CSS pixel, the default)
+    through the page's own DevTools session: Chromium's `Page.captureScreenshot` with
+    `optimizeForSpeed` (its fast encoder settings: a 1280x1000 PNG in well under half the time
+    Playwright's screenshot takes, about 1.5x the bytes; the pixels are the same). A clip would
+    reset the page's emulated device scale from this second session, so device-pixel
+    screenshots of a scaled page go through Playwright's screenshot instead. DevTools calls have
+    no time limit of their own: past screenshot_timeout_s a watchdog ends the page's renderer
+    and the episode is aborted as hung. Chromium's transient "Unable to capture screenshot" (no
+    compositor frame yet, e.g. right after a new browser context or a navigation) is retried a
+    few times."""
+    device = shot.get("scale", "css") == "device" and \
+        float(self.options.get("device_scale") or 1.0) != 1.0
+    params: Dict[str, Any] = {"format": fmt, "optimizeForSpeed": True}
+    if fmt in ("jpeg", "webp") and shot.get("quality") is not None:
+      params["quality"] = int(shot["quality"])
     for attempt in range(4):
+      watchdog = _Watchdog(self.screenshot_timeout_ms / 1000)
       try:
-        return page.screenshot(**kwargs)
+        if device:
+          kwargs = dict(type=fmt, scale="device", timeout=self.screenshot_timeout_ms,
+                        animations="allow", caret="initial")
+          if "quality" in params:
+            kwargs["quality"] = params["quality"]
+          return page.screenshot(**kwargs)
+        with watchdog:
+          data = self._session(page).send("Page.captureScreenshot", params)["data"]
+        if not watchdog.fired:
+          return base64.b64decode(data)
+        raise Abort(f"the page stopped responding: no screenshot within "
+                    f"{self.screenshot_timeout_ms / 1000:g} s")
+      except Abort:
+        raise
       except Exception as e:  # noqa: BLE001
+        if watchdog.fired:
+          raise Abort(f"the page stopped responding: no screenshot within "
+                      f"{self.screenshot_timeout_ms / 1000:g} s") from None
         self._check_alive()
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if "Timeout" in type(e).__name__ or "Timeout" in text or attempt == 3:
+        if "Timeout" in type(e).__name__ or "Timeout" in text:
           raise Abort(f"the page stopped responding: no screenshot within "
                       f"{self.screenshot_timeout_ms / 1000:g} s ({text})") from None
+        if "crash" in text.lower() or "closed" in text.lower() or attempt == 3:
+          raise Abort(f"the page stopped responding: no screenshot ({text})") from None
         page.wait_for_timeout(100 * (attempt + 1))
     raise AssertionError("unreachable")
+
+  def _session(self, page):
+    """The page's DevTools session (one per tab, opened on first use)."""
+    session = self._cdp.get(page)
+    if session is None:
+      session = self._cdp[page] = self.context.new_cdp_session(page)
+    return session
 
   def _probe(self, expression: str) -> Any:
     """The probe on the task's first tab (where the task's page lives), or None."""
@@ -345,6 +434,59 @@ class Browser:
       self._playwright.stop()
     except Exception:  # noqa: BLE001
       pass
+
+
+class _Watchdog:
+  """Kills this process's Chromium renderers when its block outlasts `seconds` (a call into a
+  hung page that has no time limit of its own then fails instead of blocking for ever);
+  `fired` says whether it did. None: no limit."""
+
+  def __init__(self, seconds: Optional[float]):
+    self.fired = False
+    self._timer = None
+    if seconds is not None:
+      self._timer = threading.Timer(seconds, self._fire)
+      self._timer.daemon = True
+
+  def __enter__(self) -> "_Watchdog":
+    if self._timer is not None:
+      self._timer.start()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self._timer is not None:
+      self._timer.cancel()
+
+  def _fire(self) -> None:
+    self.fired = True
+    for pid in _descendants(os.getpid()):
+      try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+          renderer = b"--type=renderer" in f.read()
+        if renderer:
+          os.kill(pid, signal.SIGKILL)
+      except OSError:
+        continue
+
+
+def _descendants(root: int) -> List[int]:
+  """Every process below `root`, from /proc."""
+  children: Dict[int, List[int]] = {}
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/stat") as f:
+        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+      continue
+    children.setdefault(parent, []).append(int(entry))
+  out, stack = [], [root]
+  while stack:
+    for child in children.get(stack.pop(), ()):
+      out.append(child)
+      stack.append(child)
+  return out
 
 
 def _image_size(data: bytes, fmt: str) -> Dict[str, int]:
