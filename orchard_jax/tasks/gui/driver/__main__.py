@@ -5,7 +5,8 @@ process list):
   {"token": "...", "control_port": 9300, "pages_port": 8300,
    "executable": ["/usr/lib/chromium/chromium-headless-shell", ...], "miniwob_dir": "/path/to/miniwob/html",
    "sites": {"shop": {...fixtures...}}, "log": "/tmp/gui/driver.log",
-   "timeouts": {"action_s": 5, "navigation_s": 15, "screenshot_s": 10}}
+   "timeouts": {"action_s": 5, "navigation_s": 15, "screenshot_s": 10},
+   "sys_path": ["/folder/with/playwright", ...]}   (optional: for an interpreter run with -S)
 
 The command binds both ports first (a port in use fails the start with one line naming it),
 then forks a supervisor that leaves the command's session, and from it the page server
@@ -71,6 +72,10 @@ def _driver(sock, config, t_start: float):
 
 def start(config: dict) -> None:
   t_start = time.perf_counter()
+  extra = config.get("sys_path") or []
+  if not isinstance(extra, list) or not all(isinstance(p, str) for p in extra):
+    _fail(f"config.sys_path: expected a list of folders, got {extra!r}")
+  sys.path.extend(p for p in extra if p not in sys.path)    # where Playwright is, under -S
   token = config.get("token")
   if not isinstance(token, str) or len(token) < 16:
     _fail("config.token: expected a random string of at least 16 characters")

@@ -30,6 +30,9 @@ from typing import Any, Dict, List, Optional
 # Flags for Chromium in Orchard Env's sandbox: it has no user namespaces for Chromium's own
 # sandbox (seccomp forbids them), a small /dev/shm, no GPU, and no network but the task's
 # pages; background services would only fail on a closed network, slowly and often.
+# Not --single-process: it started a sandbox 0.4 s sooner at load 12, but its one in-process
+# renderer cannot serve a second browser context, and the browser dies with the first
+# context's last page (a fresh context per task is the rule here).
 CHROMIUM_FLAGS = (
     "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--no-first-run",
     "--no-default-browser-check", "--disable-background-networking",
@@ -437,8 +440,9 @@ class Browser:
 
 
 class _Watchdog:
-  """Kills this process's Chromium renderers when its block outlasts `seconds` (a call into a
-  hung page that has no time limit of its own then fails instead of blocking for ever);
+  """Kills this process's Chromium renderers (or its Chromium, when the renderer runs inside it)
+  when its block outlasts `seconds` (a call into a hung page that has no time limit of its own
+  then fails instead of blocking for ever);
   `fired` says whether it did. None: no limit."""
 
   def __init__(self, seconds: Optional[float]):
@@ -459,12 +463,22 @@ class _Watchdog:
 
   def _fire(self) -> None:
     self.fired = True
+    chromium, renderers = [], []
     for pid in _descendants(os.getpid()):
       try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-          renderer = b"--type=renderer" in f.read()
-        if renderer:
-          os.kill(pid, signal.SIGKILL)
+          argv = f.read().split(b"\0")
+      except OSError:
+        continue
+      if any(b"--type=renderer" == a or a.startswith(b"--type=renderer") for a in argv):
+        renderers.append(pid)
+      elif argv and b"chrom" in os.path.basename(argv[0]):
+        chromium.append(pid)
+    # The renderer processes; with a --single-process browser (chromium_args) the renderer is
+    # a thread of the browser, which then goes (the rollout is aborted either way).
+    for pid in renderers or chromium:
+      try:
+        os.kill(pid, signal.SIGKILL)
       except OSError:
         continue
 
