@@ -98,7 +98,9 @@ def test_broken_predictions_file_names_the_line(tmp_path):
                      suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
 @hypothesis.given(content=st.one_of(
     st.binary(max_size=200),
-    st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    # text with lone surrogates too: JSON's "\\ud800" escape reads back as one
+    st.recursive(st.none() | st.booleans() | st.integers()
+                 | st.text(st.characters(exclude_categories=()), max_size=8),
                  lambda inner: st.lists(inner, max_size=3)
                  | st.dictionaries(st.sampled_from(["instance_id", "model_patch", "x"]), inner,
                                    max_size=3), max_leaves=8).map(
@@ -116,7 +118,10 @@ def test_any_predictions_file_reads_as_predictions_or_one_evaluation_error(tmp_p
   except evaluation.EvaluationError as e:
     assert str(path) in str(e) and "\n" not in str(e).strip()
   else:
-    assert all(isinstance(k, str) and isinstance(v, str) for k, v in predictions.items())
+    assert predictions and all(isinstance(k, str) and isinstance(v, str)
+                               for k, v in predictions.items())
+    for text in [*predictions, *predictions.values()]:
+      text.encode("utf-8")                     # text a sandbox, a log and a report can hold
 
 
 def test_a_prediction_without_model_patch_is_refused_not_graded_as_empty(tmp_path):
@@ -129,3 +134,25 @@ def test_a_prediction_without_model_patch_is_refused_not_graded_as_empty(tmp_pat
                      match=r"record 1 \('b'\) has no model_patch \(keys: \['instance_id', "
                            r"'patch'\]\)"):
     evaluation.load_predictions(str(path), [])
+
+
+@pytest.mark.parametrize("content, expected", [
+    ('[{"instance_id": "a", "model_patch": "\\ud800"}]',
+     r"record 0 \('a'\) model_patch holds a lone surrogate '\\ud800' at character 0"),
+    ('[{"instance_id": "a\\udc80", "model_patch": ""}]',
+     r"record 0 instance_id holds a lone surrogate '\\udc80' at character 1"),
+    ("[]", "holds no predictions"),
+    ("", "not valid JSON"),
+])
+def test_a_predictions_file_that_holds_no_gradable_text_is_one_error(tmp_path, content,
+                                                                     expected):
+  # Walkthrough: a lone surrogate in a patch was a traceback from inside the sandbox's upload
+  # (status 1), and an empty file graded "0 instances" with status 0.
+  path = tmp_path / "preds.json"
+  path.write_text(content)
+  with pytest.raises(evaluation.EvaluationError, match=expected):
+    evaluation.read_predictions_file(str(path))
+  jsonl = tmp_path / "preds.jsonl"
+  jsonl.write_text("\n\n")
+  with pytest.raises(evaluation.EvaluationError, match="holds no predictions"):
+    evaluation.read_predictions_file(str(jsonl))

@@ -336,8 +336,9 @@ def read_predictions_file(source: str) -> dict[str, str]:
   task set needed, so a malformed file is refused before any instance is loaded or built).
 
   Raises:
-    EvaluationError: the file does not exist or is unreadable, is not JSONL / JSON, or a record
-      lacks instance_id / model_patch or has one that is not a string.
+    EvaluationError: the file does not exist or is unreadable, is not JSONL / JSON, holds no
+      prediction, or a record lacks instance_id / model_patch or has one that is not a string
+      or not text (a lone surrogate).
   """
   if not os.path.exists(source):
     raise EvaluationError(f"predictions must be 'gold', 'empty' or a predictions file; "
@@ -374,6 +375,7 @@ def read_predictions_file(source: str) -> dict[str, str]:
     if not isinstance(record["instance_id"], str) or not record["instance_id"]:
       raise EvaluationError(f"{source}: record {n} instance_id must be a non-empty string; got "
                             f"{record['instance_id']!r:.200}")
+    _check_utf8(record["instance_id"], f"{source}: record {n} instance_id")
     if "model_patch" not in record:    # null is SWE-bench's "no patch"; a missing key means
       raise EvaluationError(           # a file of another schema, not empty predictions
         f"{source}: record {n} ({record['instance_id']!r}) has no model_patch (keys: "
@@ -384,8 +386,23 @@ def read_predictions_file(source: str) -> dict[str, str]:
       patch = ""
     if not isinstance(patch, str):
       raise EvaluationError(f"{source}: record {n} model_patch must be a string")
+    _check_utf8(patch, f"{source}: record {n} ({record['instance_id']!r}) model_patch")
     predictions[record["instance_id"]] = patch
+  if not predictions:
+    raise EvaluationError(f"{source}: holds no predictions; expected SWE-bench's prediction "
+                          "format, one {\"instance_id\", \"model_patch\", "
+                          "\"model_name_or_path\"} per instance to grade")
   return predictions
+
+
+def _check_utf8(text: str, what: str) -> None:
+  """Raises EvaluationError when `text` holds a lone surrogate (JSON's escape of half a UTF-16
+  pair, e.g. "\\ud800"), which no UTF-8 file, sandbox or log can hold."""
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError as e:
+    raise EvaluationError(f"{what} holds a lone surrogate {text[e.start]!r} at character "
+                          f"{e.start}, which is not text (no UTF-8 can encode it)") from None
 
 
 @dataclasses.dataclass
