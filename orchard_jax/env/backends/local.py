@@ -32,6 +32,7 @@ import signal
 import socket
 import sys
 import time
+import typing
 import hashlib
 from typing import Optional, Sequence
 
@@ -683,18 +684,31 @@ class LocalBackend(Backend):
                     ns_flags=box.ns_flags), fds + [("pidfd", box.pidfd)])
 
   async def _run(self, box, spec: _jobs.JobSpec, cancel_event=None) -> _jobs.JobResult:
-    """Runs one command to its end. Says so when the OOM killer struck during it, and kills
-    what the command left behind if that hit the sandbox's pids limit (a fork bomb whose
-    shell returned at once)."""
-    oom_before = box.counters.oom_kills()
-    pids_before = box.counters.pids_limit_hits()
-    result = await self._run_command(box, spec, cancel_event)
-    if oom_before is not None and (box.counters.oom_kills() or 0) > oom_before:
+    """Runs one command to its end (see _launch and _complete)."""
+    return await self._complete(box, spec, self._launch(box, spec), cancel_event)
+
+  async def _complete(self, box, spec: _jobs.JobSpec, launched: "_Launched",
+                      cancel_event=None) -> _jobs.JobResult:
+    """Collects a launched command's output and end. Says so when the OOM killer struck
+    during it, and kills what the command left behind if that hit the sandbox's pids limit
+    (a fork bomb whose shell returned at once)."""
+    process = launched.process
+    task = asyncio.ensure_future(process.status.started.wait())
+    task.add_done_callback(lambda _: process.pid is not None and box.running_pids.add(process.pid))
+    try:
+      result = await _jobs.collect(process, launched.stdout, launched.stderr, spec,
+                                   cancel_event=cancel_event, started=launched.started)
+    finally:
+      task.cancel()
+      box.running_pids.discard(process.pid)
+    result.pid = process.pid
+    if launched.oom_kills is not None and (box.counters.oom_kills() or 0) > launched.oom_kills:
       _jobs.oom_reason(result, box.memory)
     if result.pid is not None:
       box.sessions.append(result.pid)
       del box.sessions[:-256]
-      if pids_before is not None and (box.counters.pids_limit_hits() or 0) > pids_before:
+      hits = launched.pids_limit_hits
+      if hits is not None and (box.counters.pids_limit_hits() or 0) > hits:
         await self._reclaim(box, [result.pid], result)
     return result
 
@@ -736,7 +750,15 @@ class LocalBackend(Backend):
         out[box.id] = killed
     return out
 
-  async def _run_command(self, box, spec: _jobs.JobSpec, cancel_event=None) -> _jobs.JobResult:
+  def _launch(self, box, spec: _jobs.JobSpec) -> "_Launched":
+    """Hands one command to the sandbox's fork server (or the spawner) now, without waiting:
+    start_job calls it before the service's bookkeeping, which then overlaps the command's
+    start. Reads the OOM and pids-limit counters first, for _complete.
+
+    Raises:
+      SandboxFailed: the spawner cannot be reached.
+    """
+    oom_kills, pids_limit_hits = box.counters.oom_kills(), box.counters.pids_limit_hits()
     started = time.monotonic()
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     if spec.merge_stderr:
@@ -758,24 +780,20 @@ class LocalBackend(Backend):
       os.close(fd)
     if in_w is not None:
       asyncio.ensure_future(_feed(in_w, spec.stdin))
-    process = _SpawnedProcess(_StatusReader(status_r), self, box)
-    task = asyncio.ensure_future(process.status.started.wait())
-    task.add_done_callback(lambda _: process.pid is not None and box.running_pids.add(process.pid))
-    try:
-      result = await _jobs.collect(process, out_r, err_r, spec, cancel_event=cancel_event,
-                                   started=started)
-    finally:
-      task.cancel()
-      box.running_pids.discard(process.pid)
-    result.pid = process.pid
-    return result
+    return _Launched(_SpawnedProcess(_StatusReader(status_r), self, box), out_r, err_r,
+                     started, oom_kills, pids_limit_hits)
 
   # ------------------------------------------------------------------ jobs
   async def start_job(self, sandbox_id, ref, job_id, spec):
     box = self._box(sandbox_id)
     cancel = asyncio.Event()
     self._cancels[job_id] = cancel
-    task = asyncio.ensure_future(self._run(box, spec, cancel))
+    try:
+      launched = self._launch(box, spec)
+    except Exception as e:  # noqa: BLE001 - the job reports it, as a failure in its task would
+      task = asyncio.ensure_future(_raise(e))
+    else:
+      task = asyncio.ensure_future(self._complete(box, spec, launched, cancel))
     self._jobs[job_id] = task
     box.jobs.add(job_id)
 
@@ -920,6 +938,21 @@ class LocalBackend(Backend):
       raise FileOperationError(f"nothing accepts connections on port {port} in sandbox "
                                f"{sandbox_id!r}")
     return await asyncio.open_connection(sock=sock)
+
+
+class _Launched(typing.NamedTuple):
+  """A command handed to the spawner: its process, output pipes' read ends (stderr None when
+  merged), time.monotonic() at launch and the sandbox's counters just before it."""
+  process: _SpawnedProcess
+  stdout: int
+  stderr: Optional[int]
+  started: float
+  oom_kills: Optional[int]
+  pids_limit_hits: Optional[int]
+
+
+async def _raise(error: BaseException):
+  raise error
 
 
 class _Box:
