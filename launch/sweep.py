@@ -209,7 +209,7 @@ def main(argv):
     for point in points:
       check_point(config, point)
   except SweepError as e:
-    print(f"sweep: {e}", file=sys.stderr)
+    print(f"error: {e}", file=sys.stderr)
     return 2
   config_arg = _config_argument(sys.argv)
   fixed = fixed_overrides(sys.argv[1:])
@@ -219,7 +219,7 @@ def main(argv):
       objects = render(_FLEET.value, config_arg, fixed, points,
                        _NAME.value or default_name(config_arg))
     except (common.FleetError, SweepError) as e:
-      print(f"sweep: {e}", file=sys.stderr)
+      print(f"error: {e}", file=sys.stderr)
       return 2
     sys.stdout.write(common.to_yaml(objects))
     return 0

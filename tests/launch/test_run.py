@@ -374,3 +374,14 @@ def test_every_experiment_default_passes_the_value_checks():
     module = importlib.import_module(f"experiments.{name}")
     if hasattr(module, "get_config"):
       recipes.check_values(module.get_config())
+
+
+def test_a_bad_sweep_axis_is_an_error_line_like_every_launcher_s():
+  """sweep.py wrote its own refusals as "sweep: ..." beside run.py's and fleet.py's
+  "error: ..." lines."""
+  result = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "sweep.py"), "--config",
+                           "experiments/swe_rpr.py:cluster", "--sweep", "rl.lr", "--render"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      "error: --sweep takes FIELD=V1,V2,...; saw 'rl.lr'"]
