@@ -102,6 +102,10 @@ _CHAT = st.fixed_dictionaries({"messages": _field(st.lists(_MESSAGE, min_size=1,
   "logit_bias": _JSON, "response_format": _JSON,
 })
 
+# Seeds a well-formed request may carry: any 64-bit JSON integer, signed or unsigned (beyond
+# them a seed is refused with a 400: the hostile strategies above draw those).
+_SEED = st.integers(-2**63, 2**64 - 1)
+
 # Well-formed chats of odd but valid shapes (the hostile strategy above rarely makes one).
 _TEXT_PART = st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=10)})
 _CHAT_OK = st.fixed_dictionaries({"messages": st.lists(st.fixed_dictionaries({
@@ -110,7 +114,7 @@ _CHAT_OK = st.fixed_dictionaries({"messages": st.lists(st.fixed_dictionaries({
   max_size=3)}, optional={
   "temperature": st.sampled_from([0.0, 1e-9, 0.7, 2.0]), "top_p": st.floats(0.05, 1.0),
   "max_tokens": st.integers(0, 5), "logprobs": st.booleans(),
-  "top_logprobs": st.integers(0, 20), "seed": st.integers(-2**70, 2**70),
+  "top_logprobs": st.integers(0, 20), "seed": _SEED,
   "stop": st.lists(st.text(min_size=1, max_size=3), max_size=2), "stream": st.booleans(),
   "stop_token_ids": st.lists(st.integers(0, VOCAB - 1), max_size=70),
   "tools": st.just([{"type": "function", "function": {"name": "bash", "parameters": {
@@ -122,7 +126,7 @@ _GENERATE_OK = st.fixed_dictionaries({"input_ids": st.lists(st.integers(0, VOCAB
     "temperature": st.sampled_from([0.0, 1e-9, 0.7, 2.0]), "top_k": st.integers(1, VOCAB),
     "top_p": st.floats(0.05, 1.0), "min_p": st.floats(0.0, 1.0),
     "stop_token_ids": st.lists(st.integers(0, VOCAB - 1), max_size=70),
-    "sampling_seed": st.integers(-2**70, 2**70)}),
+    "sampling_seed": _SEED}),
   "return_logprob": st.booleans(), "top_logprobs_num": st.integers(0, VOCAB),
   "logprob_start_len": st.integers(-1, 12), "stream": st.booleans()})
 
