@@ -2,7 +2,8 @@
 
 Any config field can be overridden from the command line, e.g.
 `--config.rl.lr=3e-6`; a field the config does not have is an error (the config is locked).
-The config's `job` field names the recipe to run (see orchard_jax.recipes.JOBS).
+`--print_config` prints the config with the overrides applied and exits. The config's `job`
+field names the recipe to run (see orchard_jax.recipes.JOBS).
 """
 import os
 import sys
@@ -10,6 +11,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
@@ -17,6 +19,9 @@ from launch import overrides  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file: experiments/NAME.py[:preset].", lock_config=True)
+_PRINT_CONFIG = flags.DEFINE_bool(
+    "print_config", False, "Print the config, with the overrides applied, and exit without "
+    "running the job: every field it lists can be overridden with --config.FIELD=VALUE.")
 
 
 def main(argv):
@@ -32,6 +37,9 @@ def main(argv):
   except recipes.ConfigError as e:
     sys.stderr.write(f"error: {e}\n")
     sys.exit(2)
+  if _PRINT_CONFIG.value:
+    sys.stdout.write(str(config))
+    return
   # Compiled programs are reused from disk by later processes and by a second engine of the
   # same shapes in this one (ORCHARD_JAX_COMPILATION_CACHE=0 turns it off; compile_cache.py).
   from launch import compile_cache

@@ -385,3 +385,19 @@ def test_a_bad_sweep_axis_is_an_error_line_like_every_launcher_s():
   assert result.returncode == 2
   assert result.stderr.strip().splitlines() == [
       "error: --sweep takes FIELD=V1,V2,...; saw 'rl.lr'"]
+
+
+def test_print_config_lists_the_fields_with_overrides_and_runs_nothing(tmp_path):
+  """A new user's question "which fields can I override?" had no answer but reading
+  experiments/common.py; --print_config prints the resolved config and exits 0."""
+  import yaml
+  workdir = tmp_path / "run"
+  result = _run(["--config", "experiments/swe_rpr.py", "--config.rl.lr=3e-6",
+                 f"--config.workdir={workdir}", "--print_config"])
+  assert result.returncode == 0, result.stderr[-2000:]
+  printed = yaml.unsafe_load(result.stdout)       # ConfigDict's str is YAML (tuples tagged)
+  assert printed["job"] == "swe.rl" and printed["rl"]["lr"] == 3e-6
+  assert printed["workdir"] == str(workdir) and not workdir.exists()
+  result = _run(["--config", "experiments/swe_rpr.py", "--config.sampling.top_p=3",
+                 "--print_config"])
+  _one_line_error(result, "sampling.top_p is 3.0")
