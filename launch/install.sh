@@ -45,7 +45,8 @@ fi
 
 # Python packages go into the Python that runs orchard_jax: `python` on PATH (an activated
 # virtual environment, pyenv or conda), or $PYTHON. Debian's own python3 refuses pip installs
-# (PEP 668), so it is refused here with what to do instead (unless PIP_BREAK_SYSTEM_PACKAGES).
+# (PEP 668), so it is refused here with what to do instead (unless pip is told to break
+# system packages: PIP_BREAK_SYSTEM_PACKAGES or break-system-packages in pip's config).
 python=${PYTHON:-python}
 if [[ $skip != *,pip,* || $skip != *,npm,* ]]; then
   venv_hint="create and activate a virtual environment first (python3 -m venv .venv && . .venv/bin/activate; on Debian: apt-get install python3-venv), or set PYTHON=/path/to/python"
@@ -57,7 +58,9 @@ if [[ $skip != *,pip,* || $skip != *,npm,* ]]; then
     echo "install.sh: $python is Python $("$python" -c 'import platform; print(platform.python_version())'); orchard_jax needs >= 3.11; $venv_hint" >&2
     exit 1
   fi
-  if [ -z "${PIP_BREAK_SYSTEM_PACKAGES:-}" ] && "$python" -c 'import os, sys, sysconfig
+  pip_config=$("$python" -m pip config list 2>/dev/null || true)
+  if [ -z "${PIP_BREAK_SYSTEM_PACKAGES:-}" ] && [[ $pip_config != *break-system-packages* ]] \
+     && "$python" -c 'import os, sys, sysconfig
 sys.exit(not (sys.prefix == sys.base_prefix and os.path.isfile(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))))'; then
     echo "install.sh: $python ($(command -v "$python")) is the system's Python, which refuses pip installs (PEP 668); $venv_hint" >&2
     exit 1
