@@ -158,8 +158,8 @@ def trajectory_filter_reasons(trajectory: Trajectory, *, tokens: int | None = No
 
 def dataset_stats(trajectories: Iterable[Trajectory], *, store: Any = None,
                   tokenizer: Any = None, max_tokens: int | None = None, parser: str = "hermes",
-                  filter_fn: Callable[[Trajectory, int | None], Sequence[str]] | None = None
-                  ) -> DatasetStats:
+                  filter_fn: Callable[[Trajectory, int | None], Sequence[str]] | None = None,
+                  image_tokens: Callable[[str], int] | None = None) -> DatasetStats:
   """Statistics of trajectories (e.g. `store.trajectories(experiment=...)`).
 
   Tokens per trajectory: from the recorded ids of its session's model calls when `store` holds
@@ -172,6 +172,8 @@ def dataset_stats(trajectories: Iterable[Trajectory], *, store: Any = None,
     max_tokens: context length for the "too_long" filter (None: filter not applied).
     parser: tool-call parser name for tool-call markup in assistant text.
     filter_fn: replaces `trajectory_filter_reasons`: (trajectory, tokens) -> reasons.
+    image_tokens: digest -> an image's token count under the student's vision encoder, to
+      count text-only records that show images (without it their tokens are unknown).
   Returns:
     `DatasetStats`.
   """
@@ -191,7 +193,7 @@ def dataset_stats(trajectories: Iterable[Trajectory], *, store: Any = None,
         resolved_per_task[trajectory.task_id] += 1
     exits[trajectory.exit_status] += 1
     turns.append(trajectory.num_turns)
-    n_tokens = _token_count(trajectory, store, tokenizer)
+    n_tokens = _token_count(trajectory, store, tokenizer, image_tokens)
     if n_tokens is not None:
       tokens.append(n_tokens)
     calls = (store.model_calls(trajectory.session_id)
@@ -255,12 +257,15 @@ def plot_histograms(stats: DatasetStats, out_dir: str | os.PathLike) -> list[Pat
   return written
 
 
-def _token_count(trajectory: Trajectory, store: Any, tokenizer: Any) -> int | None:
+def _token_count(trajectory: Trajectory, store: Any, tokenizer: Any,
+                 image_tokens: Callable[[str], int] | None = None) -> int | None:
   if store is not None and trajectory.session_id:
     calls = store.model_calls(trajectory.session_id)
     if calls and (tokenizer is not None or not any(c.text_only for c in calls)):
-      return sum(len(s) for s in sequences_from_model_calls(calls, mode="sft",
-                                                            tokenizer=tokenizer))
+      if image_tokens is None and any(c.text_only and c.images for c in calls):
+        return None      # its images' token counts depend on a student's vision encoder
+      return sum(len(s) for s in sequences_from_model_calls(
+          calls, mode="sft", tokenizer=tokenizer, image_tokens=image_tokens))
   if tokenizer is not None and trajectory.messages:
     return sum(len(s) for s in sft_sequences_from_messages(trajectory.messages, tokenizer,
                                                            tools=trajectory.tools))

@@ -9,10 +9,11 @@ Jobs (configs in experiments/gui_*.py, fields from experiments/common.gui_base):
                  0 otherwise; the step budget's curriculum          (experiments/gui_rl.py)
   gui.evaluate   a checkpoint on the evaluation tasks: success rate per task family and per
                  site                                               (experiments/gui_eval.py)
-
-Not yet: distillation from a teacher endpoint (the loop's distillation stage). The recording
-proxy carries images only for a policy whose tokenizer it holds; a text-only (OpenAI-compatible)
-teacher's screenshot chats are refused there, so a `gui.distill` job waits on that.
+  gui_distill.collect
+                 a teacher (the embedded engine, SGLang, or an OpenAI-compatible endpoint,
+                 shown each turn's screenshot as an image part) runs the browser harness, k
+                 attempts per task, graded, into the trajectory store: the loop's
+                 distillation stage, agentic/distill.py     (experiments/gui_distill.py)
 
 This module holds the domain only (`GUIDomain`); tasks/gui holds the browser sandbox, the
 tasks, sites, checkers and scripted experts, harness/ the browser agent, recipes/agentic the
@@ -31,7 +32,7 @@ from ml_collections import ConfigDict
 
 from orchard_jax import data
 from orchard_jax.recipes import ConfigError
-from orchard_jax.recipes.agentic import jobs
+from orchard_jax.recipes.agentic import distill as distill_lib, jobs
 from orchard_jax.recipes.agentic.domain import Annotation, Outcome
 from orchard_jax.recipes.agentic.sandboxes import sandbox_client
 from orchard_jax.tasks import gui
@@ -371,6 +372,11 @@ def sft(config: ConfigDict) -> dict:
 def train_rl(config: ConfigDict) -> dict:
   """Job "gui.rl": the loop's RL job with the GUI domain."""
   return jobs.train_rl(config, GUIDomain(config))
+
+
+def distill(config: ConfigDict) -> distill_lib.CollectionSummary:
+  """Job "gui_distill.collect": the loop's distillation stage with the GUI domain."""
+  return distill_lib.collect(config, GUIDomain(config))
 
 
 def evaluate(config: ConfigDict) -> dict:

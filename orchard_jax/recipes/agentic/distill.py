@@ -41,7 +41,8 @@ from orchard_jax.recipes.agentic import run_folder
 from orchard_jax.recipes.agentic.domain import ABORTED, Domain, StatusRules
 from orchard_jax.recipes.agentic.rollouts import RolloutRequest, RolloutRunner
 from orchard_jax.recipes.agentic.teachers import distillation_teacher
-from orchard_jax.recipes.agentic.trajectory_data import DistillError, store_path
+from orchard_jax.recipes.agentic.trajectory_data import (DistillError, store_path,
+                                                         student_image_tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +251,7 @@ def collect(config: ConfigDict, domain: Domain) -> CollectionSummary:
     tokenizer = (load_tokenizer(config.stats.tokenizer, field="stats.tokenizer")
                  if config.stats.tokenizer else None)
     stats = data.dataset_stats(store.trajectories(experiment=config.experiment), store=store,
-                               tokenizer=tokenizer, max_tokens=int(config.stats.max_tokens) or None)
+                               tokenizer=tokenizer, max_tokens=int(config.stats.max_tokens) or None,
+                               image_tokens=student_image_tokens(config, store))
     print(f"\nstore, experiment {config.experiment!r}:\n{stats.table()}", flush=True)
   return summary

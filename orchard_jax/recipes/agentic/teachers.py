@@ -77,7 +77,8 @@ def teacher_policy(teacher: ConfigDict, mesh=None) -> tuple[Any, Any, str]:
 
 def distillation_teacher(teacher: ConfigDict, store, *, max_batch_size: int = 2) -> ModelService:
   """The distillation teacher behind a recording proxy writing to `store` (module docstring);
-  enter it to start it.
+  enter it to start it. An embedded vision-language teacher reads the chats' images; an
+  OpenAI-compatible endpoint is sent them as image parts, as the harness wrote them.
 
   Args:
     teacher: the `teacher` block of experiments/swe_distill.py.
@@ -106,13 +107,15 @@ def distillation_teacher(teacher: ConfigDict, store, *, max_batch_size: int = 2)
       tokenizer = load_tokenizer(teacher.tokenizer, field="teacher.tokenizer")
       return ModelService(tokenizer, **remote, **common)
     raise TeacherError(f"teacher.api must be one of {TEXT_ONLY_APIS + TOKEN_APIS}, got {api!r}")
+  from orchard_jax.recipes.agentic.images import image_processor
   model, tokenizer, description = teacher_policy(teacher)
   engine = ConfigDict(dict(teacher.engine))
   engine.max_batch_size = max_batch_size
   return ModelService(tokenizer, model=model,
                       engine_config=engine_config(engine, seed=int(engine.get("seed", 0))),
                       model_path=teacher.checkpoint or f"init:{teacher.preset}",
-                      description=f"embedded engine serving {description}", **common)
+                      description=f"embedded engine serving {description}",
+                      image_processor=image_processor(getattr(model, "config", None)), **common)
 
 
 def opd_teacher(config: ConfigDict, tokenizer, mesh) -> ModelService:

@@ -27,8 +27,12 @@ class DistillError(ConfigError):
 
 
 def store_path(config: ConfigDict) -> str:
-  """config.store, or workdir/store when empty."""
-  return config.store or os.path.join(config.workdir, "store")
+  """config.store (a folder, or a block with `path` as in the loop's configs), or workdir/store
+  when empty."""
+  store = config.store
+  if isinstance(store, (dict, ConfigDict)):
+    store = store.get("path", "")
+  return store or os.path.join(config.workdir, "store")
 
 
 
@@ -38,7 +42,8 @@ def stats(config: ConfigDict) -> data.DatasetStats:
   histograms as PNG files to stats.plots_dir (default workdir/stats).
 
   Tokens per trajectory come from the recorded ids; text-only trajectories are counted with
-  stats.tokenizer (the student's). "too_long" flags trajectories over stats.max_tokens.
+  stats.tokenizer (the student's), and their images with stats.preset's vision encoder when it
+  is a vision-language preset. "too_long" flags trajectories over stats.max_tokens.
   """
   sc = config.stats
   path = _existing_store(config)
@@ -46,7 +51,8 @@ def stats(config: ConfigDict) -> data.DatasetStats:
   with data.TrajectoryStore(path) as store:
     trajectories = store.trajectories(experiment=config.experiment or None)
     result = data.dataset_stats(trajectories, store=store, tokenizer=tokenizer,
-                                max_tokens=int(sc.max_tokens) or None)
+                                max_tokens=int(sc.max_tokens) or None,
+                                image_tokens=student_image_tokens(config, store))
   plots_dir = sc.plots_dir or os.path.join(config.workdir, "stats")
   written = data.plot_histograms(result, plots_dir)
   which = f"experiment {config.experiment!r}" if config.experiment else "all experiments"
@@ -55,6 +61,23 @@ def stats(config: ConfigDict) -> data.DatasetStats:
     json.dump(result.summary(), f, indent=2, default=float)
   print(f"\nplots: {', '.join(str(p) for p in written)}", flush=True)
   return result
+
+
+def student_image_tokens(config: ConfigDict, store):
+  """digest -> an image's token count under the student's vision encoder (stats.preset, a
+  vision-language preset), or None when the config names no such student."""
+  preset = config.stats.get("preset", "") if "stats" in config else ""
+  if not preset:
+    return None
+  from orchard_jax import models
+  from orchard_jax.recipes.agentic.images import PolicyImages
+  try:
+    model_config = models.get_preset(preset)
+  except (KeyError, ValueError) as e:
+    raise DistillError(f"stats.preset: {e}") from None
+  if getattr(model_config, "vision", None) is None:
+    return None
+  return PolicyImages(model_config, store).image_tokens
 
 
 def _existing_store(config: ConfigDict) -> str:
