@@ -19,7 +19,9 @@ What one rollout may cost, all settable on the command line:
   eval.max_instances        the first N evaluation tasks (0: all 48)
 Measured on 2 cores (tiny, ReAct): a rollout's time is ~97% model calls, almost all of it
 prefilling the first prompt (0.4k-5.4k tokens: the task's tool schemas; ~314k tokens for the
-48 tasks x 3 trials), then decoding; services up ~1 s, tool calls and grading < 1 s.
+48 tasks x 3 trials), then decoding; services up ~1 s, tool calls and grading < 1 s. The loop
+starts a task's next trial one block of eval.parallel requests after the last
+(evaluation.trial_order), so the engine's prefix cache can serve the shared first prompt.
 """
 from experiments import common
 

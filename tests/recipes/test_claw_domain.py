@@ -200,6 +200,7 @@ def test_rollout_times_split_each_rollout_into_services_model_and_the_rest(tmp_p
   text = format_rollout_times(times)
   assert "2 rollouts" in text and "services up p50 1.00 s" in text and "92% of episode" in text
 
+
 @pytest.mark.parametrize("preset", common.PRESETS)
 def test_claw_experiments_name_their_jobs(preset):
   from experiments import claw_eval, claw_rl, claw_sft, claw_tasks
@@ -232,13 +233,29 @@ EXIT_STATUSES = ("Submitted", "LimitsExceeded", "TimeExceeded", "ModelError", "H
 OUTCOME_STATUSES = (None, "passed", "failed", "aborted", "grader_error")
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 30), st.integers(1, 4), st.integers(1, 10))
+def test_evaluation_runs_a_tasks_trials_in_turn_within_blocks(tasks, k, parallel):
+  """claw_eval's k trials of a task share their first prompt: the loop starts trial a + 1 one
+  block (at most `parallel` requests) after trial a, so the engine's prefix cache still holds
+  it, instead of starting all k side by side."""
+  from orchard_jax.recipes.agentic.evaluation import trial_order
+  order = trial_order(tasks, k, parallel)
+  assert sorted(order) == [(i, a) for i in range(tasks) for a in range(k)]
+  where = {pair: n for n, pair in enumerate(order)}
+  for i in range(tasks):
+    block = min(parallel, tasks - i // parallel * parallel)   # the size of i's block
+    for a in range(1, k):
+      assert where[(i, a)] - where[(i, a - 1)] == block
+  assert trial_order(3, 2, 2) == [(0, 0), (1, 0), (0, 1), (1, 1), (2, 0), (2, 1)]
+
 class _FinishedRuns:
   """Stands in for RolloutRunner in the loop's `evaluate_policy`: hands back rollouts already
   run (no engine or sandbox can run inside a property test), each flagged aborted by the loop's
   own StatusRules for the Claw domain, as RolloutRunner.run flags them."""
 
-  def __init__(self, domain, rows):
-    self.domain, self.rows = domain, rows
+  def __init__(self, domain, rows, parallel=2):
+    self.domain, self.rows, self.parallel = domain, rows, parallel
 
   def run_with_progress(self, requests, description, progress_factory, **kwargs):
     from orchard_jax.recipes.agentic.rollouts import Rollout

@@ -39,6 +39,20 @@ from orchard_jax.recipes.agentic.rollouts import RolloutRequest, RolloutRunner, 
 _log = logging.getLogger(__name__)
 
 
+def trial_order(tasks: int, k: int, parallel: int) -> list[tuple[int, int]]:
+  """The order in which evaluation runs its (task index, attempt) pairs, `parallel` at a time:
+  tasks in blocks of `parallel`, each block's first attempts, then its second attempts, ...
+  A task's attempts share their first prompt, and when attempt a + 1 starts, attempt a has
+  usually finished, its cache row still resident: an engine with a prefix cache (the embedded
+  engine's, SGLang's radix cache) then prefills that prompt once per block instead of k times.
+  Started together (task by task, k side by side), every attempt prefilled it in full.
+  Results do not depend on the order (each attempt's seed comes from its task and number).
+  """
+  block = max(int(parallel), 1)
+  return [(i, a) for start in range(0, tasks, block) for a in range(k)
+          for i in range(start, min(start + block, tasks))]
+
+
 def evaluate_policy(runner: RolloutRunner, splits: dict[str, Sequence[Any]], *,
                     k: int, seed: int, value_scorer=None, output_dir: Optional[str] = None,
                     policy_version: Optional[int] = None, progress_factory=None
@@ -65,10 +79,11 @@ def evaluate_policy(runner: RolloutRunner, splits: dict[str, Sequence[Any]], *,
   for split, tasks in splits.items():
     if not tasks:
       continue
-    requests = [RolloutRequest(task, a, rollout_seed(seed, "eval", task_id(task), a), prompt=i)
-                for i, task in enumerate(tasks) for a in range(k)]
+    requests = [RolloutRequest(tasks[i], a, rollout_seed(seed, "eval", task_id(tasks[i]), a),
+                               prompt=i) for i, a in trial_order(len(tasks), k, runner.parallel)]
     rollouts = runner.run_with_progress(requests, f"eval {split}", progress_factory,
                                         policy_version=policy_version)
+    rollouts.sort(key=lambda r: (r.request.prompt, r.request.attempt))   # task by task
     by_instance: dict[str, list] = {}
     for rollout in rollouts:
       by_instance.setdefault(task_id(rollout.request.task), []).append(rollout)
