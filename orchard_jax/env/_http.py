@@ -6,6 +6,8 @@ reached the service) and 503 answers (the service refused it). Requests marked i
 out is never sent again: the SDK polls the job it created instead.
 """
 import dataclasses
+import json
+import math
 import os
 import random
 from typing import Optional
@@ -17,6 +19,40 @@ from orchard_jax.env.errors import EnvError, ServiceUnavailable, error_from_body
 API_KEY_ENV = "ORCHARD_ENV_API_KEY"
 CLIENT_LABEL = "sdk-client"   # label naming the SDK client that created a sandbox
 URL_ENV = "ORCHARD_ENV_URL"
+
+
+def json_body(value) -> dict:
+  """httpx keyword arguments sending `value` as a JSON body the service reads field by field:
+  lone surrogates and non-finite numbers go as JSON escapes and tokens, so the service's 422
+  names the field (httpx's own encoder raised UnicodeEncodeError or ValueError naming none)."""
+  text = json.dumps(value, ensure_ascii=True, allow_nan=True, separators=(",", ":"))
+  return {"content": text.encode("ascii"), "headers": {"Content-Type": "application/json"}}
+
+
+def as_bytes(data, what: str) -> bytes:
+  """The bytes the SDK sends for a file's content or a command's stdin: bytes-like data as is,
+  text as UTF-8.
+
+  Raises:
+    TypeError: data is neither (None used to upload an empty file; an int n, n NUL bytes).
+    ValueError: text holding a lone surrogate, which no UTF-8 text can hold.
+  """
+  if isinstance(data, (bytes, bytearray, memoryview)):
+    return bytes(data)
+  if isinstance(data, str):
+    try:
+      return data.encode("utf-8")
+    except UnicodeEncodeError as e:
+      raise ValueError(f"{what} holds a lone surrogate {data[e.start]!r} at character "
+                       f"{e.start}, which no UTF-8 text can hold; pass bytes") from None
+  raise TypeError(f"{what} must be bytes or str; got {type(data).__name__}")
+
+
+def check_wait_timeout(timeout) -> None:
+  """Raises ValueError unless `timeout` is None or a finite number of seconds >= 0."""
+  if timeout is not None and not (isinstance(timeout, (int, float)) and math.isfinite(timeout)
+                                  and timeout >= 0):
+    raise ValueError(f"timeout must be None (no limit) or seconds >= 0; got {timeout!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +139,7 @@ def exec_body(command, cwd, env, timeout, merge_stderr, max_output_bytes, stdin,
     if value is not None:
       body[key] = value
   if stdin is not None:
-    body["stdin_b64"] = base64.b64encode(stdin.encode() if isinstance(stdin, str)
-                                         else bytes(stdin)).decode()
+    body["stdin_b64"] = base64.b64encode(as_bytes(stdin, "stdin")).decode()
   return body
 
 

@@ -48,6 +48,8 @@ class AsyncSandboxClient:
   async def request(self, method: str, path: str, *, idempotent: bool = False,
                     timeout: Optional[float] = None, **kwargs) -> httpx.Response:
     """One HTTP call with the retry policy; raises the EnvError the service answered with."""
+    if "json" in kwargs:
+      kwargs.update(_http.json_body(kwargs.pop("json")))
     last = None
     for attempt in range(self.retry.attempts):
       response = exc = None
@@ -228,8 +230,7 @@ class AsyncSandbox:
     return result.check() if check else result
 
   async def upload(self, path: str, data: Union[bytes, str], *, mode: int = 0o644) -> dict:
-    if isinstance(data, str):
-      data = data.encode("utf-8")
+    data = _http.as_bytes(data, "upload data")
     return await self.client._json("PUT", self._path("/files"),
                                    params={"path": path, "mode": format(mode, "o")}, content=data)
 
@@ -284,6 +285,7 @@ class AsyncJob:
     return self.info
 
   async def wait(self, timeout: Optional[float] = None) -> ExecResult:
+    _http.check_wait_timeout(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     while self.info["status"] == "running":
       step = _POLL_SECONDS if deadline is None else max(0.0, min(_POLL_SECONDS,

@@ -71,6 +71,8 @@ class SandboxClient:
   def request(self, method: str, path: str, *, idempotent: bool = False,
               timeout: Optional[float] = None, **kwargs) -> httpx.Response:
     """One HTTP call with the retry policy; raises the EnvError the service answered with."""
+    if "json" in kwargs:
+      kwargs.update(_http.json_body(kwargs.pop("json")))
     last = None
     for attempt in range(self.retry.attempts):
       response = exc = None
@@ -303,8 +305,7 @@ class Sandbox:
   # ------------------------------------------------------------------ files
   def upload(self, path: str, data: Union[bytes, str], *, mode: int = 0o644) -> dict:
     """Writes a file (parents created; relative paths are under the workspace)."""
-    if isinstance(data, str):
-      data = data.encode("utf-8")
+    data = _http.as_bytes(data, "upload data")
     return self.client._json("PUT", self._path("/files"), params={"path": path,
                              "mode": format(mode, "o")}, content=data)
 
@@ -377,6 +378,7 @@ class Job:
 
   def wait(self, timeout: Optional[float] = None) -> ExecResult:
     """Waits for the end (TimeoutError if `timeout` seconds pass first; the job keeps running)."""
+    _http.check_wait_timeout(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     while self.info["status"] == "running":
       step = _POLL_SECONDS if deadline is None else max(0.0, min(_POLL_SECONDS,

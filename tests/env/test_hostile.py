@@ -152,3 +152,40 @@ def test_an_upload_the_sandbox_refuses_is_a_4xx_whatever_its_size(service, pair,
       assert http.get(f"/v1/sandboxes/{box.id}").status_code == 200     # same connection
   for b in (box, other):
     assert b.exec("echo alive").stdout == "alive\n"
+
+
+def test_sdk_misuse_is_a_clear_error_and_sends_nothing_harmful(service, pair):
+  """Values the SDK's own encoders choked on (a lone surrogate, NaN) reach the service as JSON
+  escapes and come back as its 422 naming the field; data that is not bytes or text is a
+  TypeError before any request (upload(path, None) wrote an empty file; stdin=5 sent 5 NUL
+  bytes); a negative or NaN wait is a ValueError (it was a TimeoutError)."""
+  import asyncio
+  box, _ = pair
+  for call, field in [(lambda: box.exec("echo \ud800"), "command"),
+                      (lambda: box.exec("true", env={"A": "\udc80"}), "env"),
+                      (lambda: box.exec("true", timeout=float("nan")), "timeout")]:
+    with pytest.raises(orchard_env.InvalidRequest) as error:
+      call()
+    assert field in error.value.details["fields"]
+  with pytest.raises(TypeError, match="upload data must be bytes or str; got NoneType"):
+    box.upload("none.txt", None)
+  with pytest.raises(TypeError, match="stdin must be bytes or str; got int"):
+    box.exec("cat", stdin=5)
+  with pytest.raises(ValueError, match="stdin holds a lone surrogate"):
+    box.exec("cat", stdin="\ud800")
+  with pytest.raises(ValueError, match="seconds >= 0; got -1"):
+    box.start("true").wait(timeout=-1)
+  assert "none.txt" not in [entry["name"] for entry in box.list_files(".")]
+
+  async def same_through_the_async_client():
+    async with orchard_env.AsyncSandboxClient(service.url, service.api_key) as client:
+      async with await client.create_sandbox() as other:
+        with pytest.raises(orchard_env.InvalidRequest) as error:
+          await other.exec("true", env={"A": "\udc80"})
+        assert "env" in error.value.details["fields"]
+        with pytest.raises(TypeError, match="upload data must be bytes or str"):
+          await other.upload("none.txt", None)
+        job = await other.start("true")
+        with pytest.raises(ValueError, match="got nan"):
+          await job.wait(timeout=float("nan"))
+  asyncio.run(same_through_the_async_client())
