@@ -3,7 +3,9 @@
 Measured in one run on this machine (the service runs in its own process, local backend,
 full isolation: pid/mount/net/ipc/uts namespaces, cgroups, read-only host image):
 - create latency p50/p99 (SDK create_sandbox, which waits until ready),
-- exec round trip p50/p99 of `echo hi` through HTTP and the SDK, beside the same command in
+- exec round trip p50/p99 of `echo hi` through HTTP and the SDK, and the CPU it takes per call
+  in each process (the SDK client, the service, the sandbox's fork server, the command), beside
+  the same command in
   mini-swe-agent's LocalEnvironment (no isolation) and BubblewrapEnvironment, SWE-ReX's
   LocalRuntime (bash session, and plain execute), and a fresh `bwrap --unshare-all` per
   command (docs/peers.md's method: 200 calls after 5 warm-ups),
@@ -91,26 +93,37 @@ def _pss_kb(pid):
   return 0
 
 
-def _sandbox_pids(service_pid: int):
-  """Host pids of every sandbox process: all descendants of the service's spawner helper
-  (bubblewrap, the sandboxes' own processes, and each sandbox's fork server)."""
-  spawners = set()
-  children = {}
+def _process_table() -> tuple:
+  """({ppid: [pid]}, {pid: command line bytes}) of every process."""
+  children, cmdlines = {}, {}
   for name in os.listdir("/proc"):
     if not name.isdigit():
       continue
     pid = int(name)
     try:
       with open(f"/proc/{pid}/cmdline", "rb") as f:
-        cmd = f.read()
+        cmdlines[pid] = f.read()
       with open(f"/proc/{pid}/stat", "rb") as f:
         stat = f.read()
     except OSError:
       continue
     ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
     children.setdefault(ppid, []).append(pid)
-    if ppid == service_pid and b"_spawner.py" in cmd:
-      spawners.add(pid)
+  return children, cmdlines
+
+
+def _children(pid: int) -> list:
+  return _process_table()[0].get(pid, [])
+
+
+def _sandbox_pids(service_pid: int, spawners_only: bool = False):
+  """Host pids of every sandbox process: all descendants of the service's spawner helper
+  (bubblewrap, the sandboxes' own processes, and each sandbox's fork server); or only the
+  spawner helpers' pids."""
+  children, cmdlines = _process_table()
+  spawners = {p for p in children.get(service_pid, []) if b"_spawner.py" in cmdlines.get(p, b"")}
+  if spawners_only:
+    return spawners
   found, todo = set(), [c for s in spawners for c in children.get(s, [])]
   while todo:
     pid = todo.pop()
@@ -118,6 +131,34 @@ def _sandbox_pids(service_pid: int):
       found.add(pid)
       todo.extend(children.get(pid, []))
   return found
+
+
+def _cpu_seconds(pid):
+  """(own, reaped children's) CPU seconds of a process, user + system."""
+  with open(f"/proc/{pid}/stat") as f:
+    data = f.read()
+  fields = data[data.rindex(")") + 2:].split()
+  tick = os.sysconf("SC_CLK_TCK")
+  return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
+
+
+def _exec_cpu(service_pid: int) -> dict:
+  """CPU seconds so far of the parts of an exec round trip, with one sandbox alive: this
+  process (the SDK client), the service, the sandbox's fork server, and the commands it
+  started and reaped."""
+  spawner = [p for p in _sandbox_pids(service_pid, spawners_only=True)]
+  servers = []
+  for pid in (c for s in spawner for c in _children(s)):
+    try:
+      with open(f"/proc/{pid}/comm") as f:
+        if f.read().strip() != "bwrap":
+          servers.append(pid)
+    except OSError:
+      pass
+  own, commands = (sum(x) for x in zip(*[_cpu_seconds(p) for p in servers])) if servers else (0, 0)
+  times = os.times()
+  return {"client": times.user + times.system, "service": _cpu_seconds(service_pid)[0],
+          "fork server": own, "command": commands}
 
 
 def _rss_kb(pid):
@@ -198,8 +239,14 @@ def run() -> list:
                            higher_is_better=False))
     # exec round trip
     box = client.create_sandbox()
+    cpu_before = _exec_cpu(service.process.pid)
     durations = common.time_calls(lambda: box.exec("echo hi"), warmup=_WARMUP, repeats=_CALLS)
+    cpu_after = _exec_cpu(service.process.pid)
     ours_p50, ours_p99 = _ms(durations)
+    for part in cpu_after:   # where the round trip's CPU goes (load inflates it less)
+      rows.append(common.Row("exec `echo hi`: CPU per call", f"{part} ms",
+                             (cpu_after[part] - cpu_before[part]) * 1000 / (_WARMUP + _CALLS),
+                             None, "", higher_is_better=False))
     rows.append(common.Row("exec `echo hi` round trip (HTTP + SDK, full isolation)", "p50 ms",
                            ours_p50, 5.0, "issue 4 target (5 ms)", higher_is_better=False,
                            target=1.0))
