@@ -90,7 +90,8 @@ def check(config, pairs: list[tuple[str, str]], *, flag: str = "--config") -> No
     pairs: (dotted field, value text) pairs.
     flag: how the user wrote the override, for the error message ("--sweep", "--set").
   Raises:
-    OverrideError: a field the config does not have, or a value its type cannot parse.
+    OverrideError: a field the config does not have, a value its type cannot parse, or values
+      launch/run.py would refuse before any work (recipes.check_values).
   """
   trial = config.copy_and_resolve_references()
   for field, text in pairs:
@@ -103,6 +104,12 @@ def check(config, pairs: list[tuple[str, str]], *, flag: str = "--config") -> No
       config_path.set_value(field, trial, parse_like(current, text))
     except (TypeError, ValueError) as e:
       raise OverrideError(f"{flag} {field}={text}: {e}") from None
+  from orchard_jax import recipes      # light: no recipe module is imported
+  try:
+    recipes.check_values(trial)        # a NaN, a sampling setting no engine takes
+  except recipes.ConfigError as e:
+    given = ", ".join(f"{field}={text}" for field, text in pairs)
+    raise OverrideError(f"{flag} {given}: {e}") from None
 
 
 def missing_field_hint(error: Exception) -> str:

@@ -401,3 +401,17 @@ def test_print_config_lists_the_fields_with_overrides_and_runs_nothing(tmp_path)
   result = _run(["--config", "experiments/swe_rpr.py", "--config.sampling.top_p=3",
                  "--print_config"])
   _one_line_error(result, "sampling.top_p is 3.0")
+
+
+def test_sweep_points_and_fleet_sets_get_the_same_value_checks(tmp_path):
+  """A sweep point or a training Job's --set that run.py would refuse fails on the laptop,
+  not in each point's run or pod."""
+  def launcher(script, *args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+  result = launcher("sweep.py", "--config", "experiments/swe_rpr.py:cluster", "--sweep",
+                    "sampling.top_p=0.5,2", "--render")
+  _one_line_error(result, "--sweep sampling.top_p=2: sampling.top_p is 2.0; expected a number")
+  result = launcher("fleet.py", "train", "--dry-run", "--config", "launch/k8s/config.py",
+                    "--job-name", "x", "--set", "rl.lr=nan")
+  _one_line_error(result, "rl.lr is nan; expected a number")
