@@ -58,6 +58,18 @@ INFO_SCRIPT = """async (probe) => {
 }"""
 
 
+def _cdp_send_takes_a_timeout() -> bool:
+  """Whether this Playwright's CDPSession.send takes `timeout` (milliseconds)."""
+  import inspect
+  try:
+    from playwright.sync_api import CDPSession
+    return "timeout" in inspect.signature(CDPSession.send).parameters
+  except (ImportError, TypeError, ValueError):
+    return False
+
+
+_CDP_TIMEOUT = _cdp_send_takes_a_timeout()
+
 # Actions that are only input events (no navigation, no wait): the action time limit holds.
 _INPUT_ACTIONS = ("click", "hover", "drag", "scroll", "press_keys")
 
@@ -347,46 +359,51 @@ class Browser:
     `optimizeForSpeed` (its fast encoder settings: a 1280x1000 PNG in well under half the time
     Playwright's screenshot takes, about 1.5x the bytes; the pixels are the same). A clip would
     reset the page's emulated device scale from this second session, so device-pixel
-    screenshots of a scaled page go through Playwright's screenshot instead. DevTools calls have
-    no time limit of their own: past screenshot_timeout_s a watchdog ends the page's renderer
-    and the episode is aborted as hung. Chromium's transient "Unable to capture screenshot" (no
-    compositor frame yet, e.g. right after a new browser context or a navigation) is retried a
-    few times."""
-    device = shot.get("scale", "css") == "device" and \
-        float(self.options.get("device_scale") or 1.0) != 1.0
+    screenshots of a scaled page go through Playwright's screenshot, as does a capture that
+    did not answer within screenshot_timeout_s (then Playwright's own limit decides whether
+    the page is hung). Where Playwright's DevTools calls take no time limit (older releases),
+    a watchdog ends the page's renderer past it instead and the episode is aborted as hung.
+    Chromium's transient "Unable to capture screenshot" (no compositor frame yet, e.g. right
+    after a new browser context or a navigation) is retried a few times."""
+    scale = shot.get("scale", "css")
+    playwright = scale == "device" and float(self.options.get("device_scale") or 1.0) != 1.0
     params: Dict[str, Any] = {"format": fmt, "optimizeForSpeed": True}
     if fmt in ("jpeg", "webp") and shot.get("quality") is not None:
       params["quality"] = int(shot["quality"])
+    limit_s = self.screenshot_timeout_ms / 1000
     for attempt in range(4):
-      watchdog = _Watchdog(self.screenshot_timeout_ms / 1000)
+      watchdog = _Watchdog(None if playwright or _CDP_TIMEOUT else limit_s)
       try:
-        if device:
-          kwargs = dict(type=fmt, scale="device", timeout=self.screenshot_timeout_ms,
+        if playwright:
+          kwargs = dict(type=fmt, scale=scale, timeout=self.screenshot_timeout_ms,
                         animations="allow", caret="initial")
           if "quality" in params:
             kwargs["quality"] = params["quality"]
           return page.screenshot(**kwargs)
+        limit = {"timeout": self.screenshot_timeout_ms} if _CDP_TIMEOUT else {}
         with watchdog:
-          data = self._session(page).send("Page.captureScreenshot", params)["data"]
+          data = self._session(page).send("Page.captureScreenshot", params, **limit)["data"]
         if not watchdog.fired:
           return base64.b64decode(data)
-        raise Abort(f"the page stopped responding: no screenshot within "
-                    f"{self.screenshot_timeout_ms / 1000:g} s")
+        raise Abort(f"the page stopped responding: no screenshot within {limit_s:g} s")
       except Abort:
         raise
       except Exception as e:  # noqa: BLE001
         if watchdog.fired:
-          raise Abort(f"the page stopped responding: no screenshot within "
-                      f"{self.screenshot_timeout_ms / 1000:g} s") from None
+          raise Abort(f"the page stopped responding: no screenshot within {limit_s:g} s") \
+              from None
         self._check_alive()
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "Timeout" in type(e).__name__ or "Timeout" in text:
-          raise Abort(f"the page stopped responding: no screenshot within "
-                      f"{self.screenshot_timeout_ms / 1000:g} s ({text})") from None
+          if not playwright:         # the DevTools capture hung: Playwright's decides
+            playwright = True
+            continue
+          raise Abort(f"the page stopped responding: no screenshot within {limit_s:g} s "
+                      f"({text})") from None
         if "crash" in text.lower() or "closed" in text.lower() or attempt == 3:
           raise Abort(f"the page stopped responding: no screenshot ({text})") from None
         page.wait_for_timeout(100 * (attempt + 1))
-    raise AssertionError("unreachable")
+    raise Abort("the page stopped responding: no screenshot")
 
   def _session(self, page):
     """The page's DevTools session (one per tab, opened on first use)."""
