@@ -26,14 +26,17 @@ def render_fleet(config, api_key: str = DRY_RUN_API_KEY) -> list[dict]:
     config: the fleet config (launch/k8s/config.py).
     api_key: the Orchard Env API key written into the Secret.
   Raises:
-    FleetError: an inconsistent config (each check names the field).
+    FleetError: an inconsistent config (each check names the field), or an object the
+      API server would reject (common.check_manifests).
   """
-  return [
+  objects = [
       *env_service.namespaces(config),
       *storage.volume_claims(config),
       *env_service.render(config, api_key),
       *sglang.render(config),
   ]
+  common.check_manifests(objects)
+  return objects
 
 
 __all__ = ["FleetError", "render_fleet", "training_job", "to_yaml", "common", "env_service",

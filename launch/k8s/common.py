@@ -4,6 +4,7 @@ Manifests are plain dicts shaped like the Kubernetes API objects (what `kubectl 
 reads and what the `kubernetes` client accepts as a body), built by functions from the fleet
 config (launch/k8s/config.py), so every value comes from config.
 """
+import re
 from typing import Any, Iterable, Optional
 
 import yaml
@@ -122,3 +123,47 @@ def to_yaml(manifests: Iterable[dict]) -> str:
   """A multi-document YAML stream, as `kubectl apply -f -` reads it."""
   return yaml.dump_all(list(manifests), Dumper=_NoAliasDumper, sort_keys=False,
                        default_flow_style=False)
+
+
+# A container image reference, after the grammar of distribution's reference package:
+# [registry[:port]/]path[/path...][:tag][@digest].
+_DOMAIN = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])(?:\.(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9]))*(?::[0-9]+)?"
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(rf"^(?:{_DOMAIN}/)?{_PATH}(?:/{_PATH})*(?::[\w][\w.-]{{0,127}})?"
+                    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+
+
+def check_manifests(objects: Iterable[dict]) -> None:
+  """Refuses rendered objects the API server would reject, before anything is applied: a
+  container image that is not an image reference (an empty or mistyped --config.image), a
+  negative replica count, a port outside 1-65535. A fleet config override is not checked
+  field by field; what it renders is.
+
+  Raises:
+    FleetError: names the object, the path inside it and the value.
+  """
+  for obj in objects:
+    where = f"{obj.get('kind')} {obj.get('metadata', {}).get('name')!r}"
+    for path, value in _walk(obj, ""):
+      key = path.rsplit(".", 1)[-1].split("[")[0]
+      if key == "image" and ".containers[" in path or key == "image" and ".initContainers[" in path:
+        if not isinstance(value, str) or not _IMAGE.match(value):
+          raise FleetError(f"{where}: {path.lstrip('.')} is {value!r}; expected a container "
+                           "image reference such as registry.example/orchard-jax:0.1")
+      elif key == "replicas" and isinstance(value, int) and value < 0:
+        raise FleetError(f"{where}: {path.lstrip('.')} is {value}; expected a count >= 0")
+      elif key in ("containerPort", "port", "targetPort") and isinstance(value, int) and not (
+          isinstance(value, bool) or 1 <= value <= 65535):
+        raise FleetError(f"{where}: {path.lstrip('.')} is {value}; expected a port 1-65535")
+
+
+def _walk(value, path: str):
+  """(path, leaf) pairs of a manifest: "spec.template.spec.containers[0].image"."""
+  if isinstance(value, dict):
+    for key, item in value.items():
+      yield from _walk(item, f"{path}.{key}")
+  elif isinstance(value, list):
+    for i, item in enumerate(value):
+      yield from _walk(item, f"{path}[{i}]")
+  else:
+    yield path, value

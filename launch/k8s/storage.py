@@ -74,7 +74,7 @@ def weights_job(config, repo_id: str, folder: str, *, revision: str = "") -> dic
       "resources": common.resources(w.cpu, w.memory),
       "volumeMounts": [{"name": "models", "mountPath": mount}],
   }
-  return {
+  job = {
       "apiVersion": "batch/v1", "kind": "Job",
       "metadata": common.metadata(config, name, WEIGHTS_COMPONENT, config.namespace),
       "spec": {
@@ -87,3 +87,5 @@ def weights_job(config, repo_id: str, folder: str, *, revision: str = "") -> dic
           },
       },
   }
+  common.check_manifests([job])
+  return job

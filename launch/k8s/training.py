@@ -160,4 +160,5 @@ def training_job(config, *, name: Optional[str] = None, overrides: Sequence[str]
           },
       },
   }
+  common.check_manifests([service, job])
   return [service, job]

@@ -318,3 +318,33 @@ def test_a_localhost_seccomp_profile_is_installed_on_the_nodes_and_used_by_sandb
                    config=KubernetesConfig(**backend))
   assert pod["spec"]["securityContext"]["seccompProfile"] == {
       "type": "Localhost", "localhostProfile": "orchard-env/sandbox.json"}
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("image", "", "containers[0].image is ''; expected a container image reference"),
+    ("image", "my image:1", "containers[0].image is 'my image:1'"),
+    ("redis.image", "a//b", "containers[0].image is 'a//b'"),
+    ("env.replicas", -2, "spec.replicas is -2; expected a count >= 0"),
+    ("env.port", 70000, "containerPort is 70000; expected a port 1-65535"),
+])
+def test_an_override_the_api_server_would_reject_is_refused_before_applying(field, value,
+                                                                             expected):
+  """The schemas accept these (a string, an int32), the API server does not: an empty or
+  mistyped --config.image, a negative replica count, a port out of range. The fleet refuses
+  what it renders, naming the object and the path, before `up` creates anything."""
+  config = fleet_config.get_config("cluster")
+  section, _, name = field.rpartition(".")
+  (config[section] if section else config)[name] = value
+  with pytest.raises(k8s.FleetError, match=expected.replace("[", r"\[").replace("(", r"\(")):
+    k8s.render_fleet(config)
+
+
+def test_training_and_weights_jobs_check_their_images_too():
+  config = fleet_config.get_config("default")
+  config.image = "Bad Image"
+  with pytest.raises(k8s.FleetError, match=r"Job 'orchard-train'.*image is 'Bad Image'"):
+    k8s.training_job(config, name="orchard-train")
+  config = fleet_config.get_config("default")
+  config.weights.image = "x:"
+  with pytest.raises(k8s.FleetError, match="image is 'x:'"):
+    k8s.storage.weights_job(config, "Qwen/Qwen3-30B-A3B", "q")
