@@ -24,7 +24,8 @@ from orchard_jax.rollout.errors import (
 from orchard_jax.rollout.protocol import (
   FinishReason, GenerateRequest, GenerateResponse, MetaInfo, ModelInfo, SamplingParams,
   SingleGenerateRequest, UpdateWeightsFromDiskRequest, UpdateWeightsFromDiskResponse)
-from orchard_jax.rollout.proxy import PromptBuilder, RecordingProxy, message_key
+from orchard_jax.rollout.proxy import (PromptBuilder, RecordingProxy, message_key,
+                                       new_session_id)
 from orchard_jax.rollout.runner import ModelRunner
 from orchard_jax.rollout.sampling import SamplingMode, sample_next, truncate_logits
 from orchard_jax.rollout.server import InferenceServer, create_app
@@ -39,5 +40,6 @@ __all__ = [
   "SamplingParams", "SessionError", "SingleGenerateRequest", "UpdateWeightsFromDiskRequest",
   "UpdateWeightsFromDiskResponse", "UpstreamError", "WeightUpdateError",
   "build_generate_payload", "create_app", "load_params_from_disk", "message_key",
+  "new_session_id",
   "sample_next", "save_params", "truncate_logits",
 ]

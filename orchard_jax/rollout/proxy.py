@@ -35,6 +35,11 @@ and moves no counter. A sampled turn counts as closed only when it ends with the
 template's end-of-turn token (`tokenizer.eos_id`); otherwise the next prompt's new ids start
 with that token, as the template renders every assistant turn.
 
+A session's id is its capability: the proxy has no other credential, and any program that can
+reach it (a harness inside a sandbox whose egress allows the proxy) can call, and end, every
+session whose id it knows. `new_session_id` ends each id with 128 random bits, so one rollout
+cannot guess another's.
+
 For a text-level upstream (`OpenAIUpstream`, e.g. a hosted teacher) it forwards the request
 and records the messages and the response, marked `text_only` (SFT re-tokenises those with the
 student's template; RL refuses them).
@@ -53,6 +58,7 @@ import functools
 import gc
 import json
 import logging
+import secrets
 import time
 from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union
 
@@ -189,6 +195,18 @@ class PromptPlan:
   continues_segment: bool
   key: tuple = ()
   context: bytes = b""
+
+
+SESSION_SECRET_BITS = 128
+
+
+def new_session_id(prefix: str) -> str:
+  """A session id: `prefix` (for people reading logs; it may be guessable) then 128 random bits
+  as 32 hex digits, which no other rollout can guess (module docstring). Raises ValueError for
+  a prefix the proxy's URLs cannot carry (a '/')."""
+  if "/" in prefix:
+    raise ValueError(f"session id prefix {prefix!r} must contain no '/'")
+  return f"{prefix}-{secrets.token_hex(SESSION_SECRET_BITS // 8)}"
 
 
 def message_key(message: dict) -> tuple:

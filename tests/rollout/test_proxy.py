@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 from agent_fixture import BASH_TOOL, COMMANDS, OUTPUTS, SYSTEM, TASK
 from orchard_jax.data import TextOnlyRecordError, TrajectoryStore, sequences_from_model_calls
 from orchard_jax.rollout import (
-  BackgroundServer, InferenceServer, OpenAIUpstream, RecordingProxy, SGLangUpstream)
+  BackgroundServer, InferenceServer, OpenAIUpstream, RecordingProxy, SGLangUpstream,
+  new_session_id)
 
 
 class _CapturingUpstream(SGLangUpstream):
@@ -365,3 +366,35 @@ def test_context_key_is_equal_exactly_when_the_json_is(a, b):
   for tools_a, tools_b in (([a], [b]), ([{"x": a}], [{"x": b}])):
     same = reference(tools_a, {"k": a}) == reference(tools_b, {"k": b})
     assert (_context_key(tools_a, {"k": a}) == _context_key(tools_b, {"k": b})) == same
+
+
+@settings(max_examples=20, deadline=None)
+@given(prefix=st.text(st.characters(blacklist_characters="/", blacklist_categories=("Cs",)),
+                      max_size=40))
+def test_session_ids_end_with_128_random_bits(prefix):
+  # The id is the session's only credential (any sandbox that reaches the proxy can call any
+  # session it can name): its random tail must be unguessable, and two ids never repeat.
+  a, b = new_session_id(prefix), new_session_id(prefix)
+  assert a.startswith(prefix + "-") and a != b
+  tail = a[len(prefix) + 1:]
+  assert len(tail) == 32 and int(tail, 16) >= 0
+  with pytest.raises(ValueError, match="/"):
+    new_session_id(prefix + "/x")
+
+
+def test_rollout_sessions_are_named_with_unguessable_ids():
+  # The loop's rollout sessions put readable, guessable parts first (experiment, iteration,
+  # task, attempt); what follows them is the 128-bit secret.
+  from types import SimpleNamespace
+
+  from orchard_jax.recipes.agentic.rollouts import RolloutRequest, RolloutRunner
+  domain = SimpleNamespace(task_id=lambda task: "task-1", aborted_statuses=(),
+                           truncated_statuses=(), submitted_statuses=())
+  runner = RolloutRunner(domain, service=None, env=None, store=None, sampling={},
+                         experiment="exp")
+  request = RolloutRequest(task=object(), attempt=2, seed=None)
+  ids = {runner.session_id(request, 3) for _ in range(50)}
+  assert len(ids) == 50
+  for session in ids:
+    assert session.startswith("exp-3-task-1-a2-")
+    assert len(session.rsplit("-", 1)[1]) == 32

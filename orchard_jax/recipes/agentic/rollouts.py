@@ -28,12 +28,12 @@ import re
 import threading
 import time
 import traceback
-import uuid
 import zlib
 from typing import Any, Callable, Optional, Sequence
 
 from orchard_jax import data, rl
 from orchard_jax.recipes.agentic.domain import ABORTED, Domain, Judgement, StatusRules
+from orchard_jax.rollout.proxy import new_session_id
 
 _log = logging.getLogger(__name__)
 
@@ -166,8 +166,9 @@ class RolloutRunner:
 
   def session_id(self, request: RolloutRequest, iteration: Optional[int]) -> str:
     task_id = self.domain.task_id(request.task)
-    return (f"{safe_id(self.experiment)}-{iteration if iteration is not None else 'x'}-"
-            f"{safe_id(task_id)[-24:]}-a{request.attempt}-{uuid.uuid4().hex[:6]}")
+    return new_session_id(f"{safe_id(self.experiment)}-"
+                          f"{iteration if iteration is not None else 'x'}-"
+                          f"{safe_id(task_id)[-24:]}-a{request.attempt}")
 
   def _one(self, request: RolloutRequest, session_id: str, iteration: Optional[int]):
     """Episode then grade; never raises (a failure aborts this rollout only)."""

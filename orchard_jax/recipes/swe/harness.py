@@ -194,11 +194,9 @@ def harness_expert_trajectory(instance, client, store, *, harness: str, agent: A
   Raises:
     HarnessError: the harness offers no shell tool to script.
   """
-  import uuid
-
   from orchard_jax.harness.cli_harness import get_cli_harness
   from orchard_jax.harness.scripted_model import ScriptedHarnessModel, ScriptStep
-  from orchard_jax.rollout import RecordingProxy
+  from orchard_jax.rollout import RecordingProxy, new_session_id
   from orchard_jax.tasks.swe import expert
 
   model = ScriptedHarnessModel(get_cli_harness(harness), final_answer="The fix is in place.")
@@ -211,7 +209,7 @@ def harness_expert_trajectory(instance, client, store, *, harness: str, agent: A
     model.steps = [ScriptStep(s.thought, s.command) for s in chosen]
     kinds[:] = [s.kind for s in chosen]
 
-  session = f"{instance.instance_id}-expert-{harness}-{uuid.uuid4().hex[:6]}"
+  session = new_session_id(f"{instance.instance_id}-expert-{harness}")
   with RecordingProxy(model, store=store, served_model_name=model.model,
                       freeze_gc=False) as proxy:
     trajectory = run_cli_episode(instance, client, proxy.session_url(session), harness=harness,
