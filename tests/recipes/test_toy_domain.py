@@ -126,7 +126,8 @@ class _OutcomeAnnotator:
 
 def toy_config(workdir, **rl):
   """The toy run: the mini policy, 8 tasks, a short SFT that leaves a mixed start (pass@1 about
-  0.4), BAR groups of 4 from 4 + 2 prompts an iteration; `rl` overrides the rl block."""
+  0.4), BAR groups of 4 from 4 + 2 prompts an iteration, all kept groups in one update (16 rows
+  of 64 tokens hold the 16 rollouts), so each update is on-policy; `rl` overrides the rl block."""
   config = common.rl_base("tiny")
   config.job = "toy.rl"
   config.name = "shell_sum"
@@ -138,7 +139,7 @@ def toy_config(workdir, **rl):
   config.sampling.update(dict(temperature=1.0, top_p=1.0, max_tokens=12))
   config.sft.update(dict(epochs=45, batch_size=8, microbatches=1, seq_len=256, max_tokens=256,
                          lr=3e-3, end_lr=3e-3, warmup_steps=0))
-  config.rl.update(dict(iterations=8, prompts_per_iteration=4, oversample=2, batch_size=8,
+  config.rl.update(dict(iterations=8, prompts_per_iteration=4, oversample=2, batch_size=16,
                         microbatches=1, seq_len=64, max_updates_per_iteration=4,
                         parallel_rollouts=8, lr=2e-3, end_lr=2e-3, entropy_coef=0.0,
                         chunk_size=64))
@@ -169,6 +170,15 @@ def test_the_toy_domain_runs_sft_rl_and_evaluation_through_the_loop(tmp_path):
   assert len(result["iterations"]) == 2
   assert sum(it["groups/trained"] for it in result["iterations"]) > 0
   assert sum(it["packing/loss_tokens"] for it in result["iterations"]) > 0
+  # One on-policy update an iteration, so the policy-loss ratio pi_theta / pi_old is exactly 1
+  # (up to float32 rounding) on its loss tokens: the log-probs the proxy recorded as the engine
+  # sampled equal the trainer's log-probs of the same tokens under the same weights. In
+  # iteration 2 that also shows the weight sync reached the engine: it sampled the weights the
+  # first update produced.
+  for it in result["iterations"]:
+    assert it["train/updates"] == 1 and it["packing/over_capacity_batches"] == 0
+    assert it["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert it["train/clip_fraction"] == 0.0
   with data.TrajectoryStore(os.path.join(result["workdir"], "store")) as store:
     rollouts = store.trajectories(experiment="shell_sum")
     before = store.trajectories(experiment="shell_sum-eval_start")
