@@ -23,8 +23,8 @@ prefilling the first prompt (0.4k-5.4k tokens: the task's tool schemas; ~314k to
 starts a task's next trial one block of eval.parallel requests after the last
 (evaluation.trial_order), so the engine's prefix cache can serve the shared first prompt.
 The whole evaluation (48 x 3, ReAct, claw_rl tiny checkpoint) took 33.4 min and 1,158
-CPU-s on 2 cores at load 6-29 (mostly 7-14; it had 1.16 of the 2 cores on average):
-1,158 CPU-s fit the 30-minute budget with 0.65 of a core.
+CPU-s on 2 cores at load 6-29 (mostly 7-14), where it had 0.58 of a core on average;
+its CPU time fits the 30-minute budget with 0.65 of a core.
 """
 from experiments import common
 
