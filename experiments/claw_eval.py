@@ -22,9 +22,10 @@ prefilling the first prompt (0.4k-5.4k tokens: the task's tool schemas; ~314k to
 48 tasks x 3 trials), then decoding; services up ~1 s, tool calls and grading < 1 s. The loop
 starts a task's next trial one block of eval.parallel requests after the last
 (evaluation.trial_order), so the engine's prefix cache can serve the shared first prompt.
-The whole evaluation (48 x 3, ReAct, claw_rl tiny checkpoint) took 33.4 min and 1,158
-CPU-s on 2 cores at load 6-29 (mostly 7-14), where it had 0.58 of a core on average;
-its CPU time fits the 30-minute budget with 0.65 of a core.
+The whole evaluation (48 x 3, ReAct, claw_rl tiny checkpoint) took 12.3 min (737 s wall,
+1,352 CPU-s) on 2 cores with the cores to itself (load 3.3-4.7, the test suite running beside
+it at nice 19; 2026-12-01 19:32), services up p50 0.23 s / p99 0.84 s; on the shared machine at
+load 6-29 (mostly 7-14), with 0.58 of a core on average, it took 33.4 min.
 """
 from experiments import common
 
