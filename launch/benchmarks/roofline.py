@@ -109,6 +109,23 @@ def measure_machine(matmul_n: int = 2048, stream_elements: int = 1 << 25,
                  bytes_per_s=3 * 4 * stream_elements / triad_s)
 
 
+def measure_bandwidth(footprint_bytes: float, repeats: int = 8) -> float:
+  """Bandwidth in bytes/s of a jitted STREAM triad whose three arrays together hold
+  `footprint_bytes` (at least 3 MiB): the bandwidth of the memory level where a working set of
+  that size lives once warm (a cache, or DRAM for sets beyond the caches). The roofline of a
+  step whose compulsory bytes fit in a cache is bounded by this, not by DRAM's (the cache-aware
+  roofline, Ilic, Pratas and Sousa, IEEE CAL 2014); for sets beyond the caches it equals the
+  DRAM triad of `measure_machine`.
+  Raises ValueError for a footprint that is not positive."""
+  import jax.numpy as jnp
+  if not footprint_bytes > 0:
+    raise ValueError(f"footprint_bytes must be > 0, got {footprint_bytes}")
+  elements = max(1 << 18, int(footprint_bytes) // 12)
+  b = jnp.ones((elements,), jnp.float32)
+  c = jnp.full((elements,), 2.0, jnp.float32)
+  return 3 * 4 * elements / _best_time(lambda b, c: b + 3.0 * c, (b, c), repeats)
+
+
 def _best_time(fn: Callable[..., Any], args: tuple, repeats: int) -> float:
   import jax
   jitted = jax.jit(fn)

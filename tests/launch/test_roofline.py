@@ -79,3 +79,10 @@ def test_compulsory_bytes_are_arguments_and_outputs_read_or_written_once():
   step = jax.jit(lambda c, v: c.at[3].set(v), donate_argnums=0)
   donated = roofline.program_cost(step, cache, jnp.ones((128,)))
   assert donated.compulsory_bytes == 4 * (64 * 128 + 128)
+
+
+def test_bandwidth_at_a_footprint_is_measured_and_refuses_nonsense():
+  assert np.isfinite(roofline.measure_bandwidth(4e6, repeats=2))
+  assert roofline.measure_bandwidth(4e6, repeats=2) > 0
+  with pytest.raises(ValueError, match="footprint_bytes"):
+    roofline.measure_bandwidth(0.0)
