@@ -73,7 +73,7 @@ def run() -> list:
       durations = _world_up(client, resets, _ROLLOUTS)
       for q in (50, 99):
         rows.append(common.Row(f"services up, {label}", f"p{q} s",
-                               common.percentile(durations, q), 1.0, "budget (issue 21)",
+                               common.percentile(durations, q), 1.0, "budget",
                                higher_is_better=False, target=1.0))
       rows.append(common.Row(f"services up, {label}", "p50 s", common.percentile(durations, 50),
                              common.percentile(floor, 50), "floor: sandbox + python3 -S -c pass",
@@ -96,7 +96,7 @@ def run() -> list:
         passed += play_scripted(task, client, seed=trial).outcome.passed
     elapsed = time.perf_counter() - started
     rows.append(common.Row(f"{len(tasks)} eval tasks x 3 trials, scripted ({passed} passed)",
-                           "minutes", elapsed / 60, 30.0, "claw_eval budget (issue 21)",
+                           "minutes", elapsed / 60, 30.0, "claw_eval budget",
                            higher_is_better=False, target=1.0))
   print("load after:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
         f"({os.cpu_count()} cores)", flush=True)

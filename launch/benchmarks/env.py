@@ -248,7 +248,7 @@ def run() -> list:
                              (cpu_after[part] - cpu_before[part]) * 1000 / (_WARMUP + _CALLS),
                              None, "", higher_is_better=False))
     rows.append(common.Row("exec `echo hi` round trip (HTTP + SDK, full isolation)", "p50 ms",
-                           ours_p50, 5.0, "issue 4 target (5 ms)", higher_is_better=False,
+                           ours_p50, 5.0, "target (5 ms)", higher_is_better=False,
                            target=1.0))
     rows.append(common.Row("exec `echo hi` round trip (HTTP + SDK, full isolation)", "p50 ms",
                            ours_p50, 280.0, "Orchard (reported 0.28 s, cluster)",
@@ -273,14 +273,14 @@ def run() -> list:
     teardown = time.monotonic() - started
     loop.close()
     rows.append(common.Row(f"{_SANDBOXES} sandboxes alive at once", "seconds", alive_seconds,
-                           15.0, "issue 4 target (15 s)", higher_is_better=False, target=1.0))
+                           15.0, "target (15 s)", higher_is_better=False, target=1.0))
     rows.append(common.Row(f"{_SANDBOXES} sandboxes alive at once", "seconds", alive_seconds,
                            26.0, "Orchard (reported, cluster)", higher_is_better=False))
     rows.append(common.Row(f"{_SANDBOXES} sandboxes alive at once", "success %",
-                           100.0 * len(boxes) / _SANDBOXES, 100.0, "issue 4 target",
+                           100.0 * len(boxes) / _SANDBOXES, 100.0, "target",
                            higher_is_better=True, target=1.0))
     rows.append(common.Row("idle memory per sandbox (PSS of its processes)", "MB", per_sandbox,
-                           5.0, "issue 4 target (5 MB)", higher_is_better=False, target=1.0))
+                           5.0, "target (5 MB)", higher_is_better=False, target=1.0))
     rows.append(common.Row("service memory growth per live sandbox", "MB", service_growth, None,
                            "", higher_is_better=False))
     rows.append(common.Row(f"delete {_SANDBOXES} sandboxes", "seconds", teardown, None, "",

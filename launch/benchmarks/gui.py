@@ -101,7 +101,7 @@ def run() -> list:
     host = _host_launch(executable, 5)
     for q in (50, 99):
       rows.append(common.Row("browser sandbox ready (create .. Chromium answers)", f"p{q} s",
-                             common.percentile(ready, q), 3.0, "budget (issue 23)",
+                             common.percentile(ready, q), 3.0, "budget",
                              higher_is_better=False, target=1.0))
     rows.append(common.Row("browser sandbox ready", "p50 s", common.percentile(ready, 50),
                            common.percentile(host, 50), "Playwright launching Chromium on the "
@@ -118,7 +118,7 @@ def run() -> list:
       label = f"env step (click, settle, PNG screenshot) {viewport[0]}x{viewport[1]}"
       for q in (50, 99):
         rows.append(common.Row(label, f"p{q} ms", common.percentile(steps, q) * 1000, 200.0,
-                               "budget (issue 23)", higher_is_better=False, target=1.0))
+                               "budget", higher_is_better=False, target=1.0))
       rows.append(common.Row(label, "p50 ms", common.percentile(steps, 50) * 1000,
                              common.percentile(floor, 50) * 1000,
                              "same click + screenshot, Playwright on the host",
@@ -134,7 +134,7 @@ def run() -> list:
         tools.call("click", links[turn[0] % 2])
       steps = common.time_calls(navigate, warmup=4, repeats=_STEPS // 2)
     rows.append(common.Row("env step with a page load (click a link) 1280x1000", "p50 ms",
-                           common.percentile(steps, 50) * 1000, 200.0, "budget (issue 23)",
+                           common.percentile(steps, 50) * 1000, 200.0, "budget",
                            higher_is_better=False, target=1.0))
   print("load after:", _uptime(), f"({os.cpu_count()} cores)", flush=True)
   return rows

@@ -1,4 +1,4 @@
-"""Dataset statistics of a trajectory store: the table and the histograms (issue 9).
+"""Dataset statistics of a trajectory store: the table and the histograms.
 
 `dataset_stats` counts trajectories per task, resolve rate, turns and tokens per trajectory,
 exit statuses, and how many trajectories the Orchard SFT filters would drop (docs/algorithms.md

@@ -1,6 +1,6 @@
 """The Orchard Env contract: the HTTP service driven through the SDK, once per backend.
 
-Every expectation here is what a user of a sandbox service relies on (issue 4): lifecycle,
+Every expectation here is what a user of a sandbox service relies on: lifecycle,
 exec semantics, files, patches, auth, isolation, limits and reaping. Expected values are
 written out in the tests (or computed with plain Python from the same inputs), never with
 the code under test.

@@ -99,7 +99,7 @@ def test_grading_follows_swe_bench_rules(pytest_log):
 
 def test_a_skipped_test_is_not_passing_in_either_list():
   # Stricter than SWE-bench (which counts a skipped PASS_TO_PASS test as maintained): a patch
-  # could otherwise skip the tests it breaks (grading.py's docstring, issue 17).
+  # could otherwise skip the tests it breaks (grading.py's docstring).
   status = {"t.py::a": "PASSED", "t.py::s": "SKIPPED"}
   report = grading.tests_report(status, ["t.py::a"], ["t.py::s"])
   assert report.pass_to_pass_failure == ["t.py::s"]

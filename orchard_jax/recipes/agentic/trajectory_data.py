@@ -1,4 +1,4 @@
-"""Dataset jobs on a trajectory store: statistics, export, import (issue 9).
+"""Dataset jobs on a trajectory store: statistics, export, import.
 
 Jobs (configured by experiments/swe_distill.py; they work on any store, `--config.store=PATH`):
   swe_distill.stats    the table (trajectories per task, resolve rate, turns and tokens per

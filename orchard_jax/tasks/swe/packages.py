@@ -1,7 +1,7 @@
 """Profiles of the real Python packages the task builder turns into SWE tasks.
 
 A profile says where a package's source and tests are in its source distribution (sdist), what
-its tests need, and how to run them. Facts checked on a 2-core CPU machine (issue 6): the sdists
+its tests need, and how to run them. Facts checked on a 2-core CPU machine: the sdists
 of these packages ship their tests; suites take 1-55 s; parse's pytest config asks for
 pytest-cov (we run without its addopts); idna's property tests need hypothesis and, with its
 UTS46 table test, take ~25 s, so the default profile runs the fast files; python-dateutil needs
