@@ -102,11 +102,8 @@ def measure_machine(matmul_n: int = 2048, stream_elements: int = 1 << 25,
   a = jnp.asarray(np.random.default_rng(0).standard_normal((matmul_n, matmul_n),
                                                            dtype=np.float32))
   matmul_s = _best_time(lambda x: x @ x, (a,), repeats)
-  b = jnp.ones((stream_elements,), jnp.float32)
-  c = jnp.full((stream_elements,), 2.0, jnp.float32)
-  triad_s = _best_time(lambda b, c: b + 3.0 * c, (b, c), repeats)
   return Machine(matmul_flops_per_s=2.0 * matmul_n ** 3 / matmul_s,
-                 bytes_per_s=3 * 4 * stream_elements / triad_s)
+                 bytes_per_s=measure_bandwidth(3 * 4 * stream_elements, repeats))
 
 
 def measure_bandwidth(footprint_bytes: float, repeats: int = 8) -> float:
