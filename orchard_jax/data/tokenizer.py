@@ -54,6 +54,9 @@ _CORPUS_SKIP_DIRS = frozenset({
 _CORPUS_MAX_CHARS_PER_FILE = 20_000
 _CORPUS_MIN_CHARS = 1_000_000
 _METADATA_FILE = "orchard_tokenizer.json"
+# Where chat templates read a message's reasoning; the first one set is copied under
+# `reasoning_content` and `thinking` (as transformers' apply_chat_template does).
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
 class Tokenizer:
@@ -151,6 +154,66 @@ class Tokenizer:
       raise ChatTemplateError(
         f"chat template of {self.name!r} failed on {len(messages)} messages "
         f"(roles {[m.get('role') for m in messages]}): {e}") from e
+
+  def render_json_chat_text(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
+                            add_generation_prompt: bool = True, **template_kwargs: Any) -> str:
+    """`render_chat_text` for a chat that holds JSON values only (dicts, lists, strings,
+    numbers, booleans and None, as parsed from a request body): the same text, rendered with
+    the compiled template directly.
+
+    transformers' `apply_chat_template` first rebuilds every message, tool and template
+    variable out of plain JSON types (pydantic models, dataclasses and arrays become dicts,
+    lists and placeholders), which on JSON data is a deep copy that costs about as much as
+    rendering the template. This does the rest of what it does: the same compiled template
+    (transformers' sandboxed environment, compiled once), each message without its None-valued
+    keys and with its reasoning under `reasoning_content` and `thinking`, the tokenizer's
+    special tokens as variables beneath `template_kwargs`, no documents. A template kept as
+    several named templates is rendered by `render_chat_text`.
+
+    Args / Returns: as `render_chat_text`; messages must be dicts of JSON values.
+    Raises:
+      ChatTemplateError: as `render_chat_text`, or a message that is not a dict.
+    """
+    compiled = self._compiled_template()
+    if compiled is None:
+      return self.render_chat_text(messages, tools, add_generation_prompt=add_generation_prompt,
+                                   **template_kwargs)
+    try:
+      if not messages:
+        raise ValueError("cannot render an empty conversation; expected at least one message")
+      chat = []
+      for message in messages:
+        message = {k: v for k, v in message.items() if v is not None}
+        reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None),
+                         None)
+        if reasoning is not None:
+          message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        chat.append(message)
+      return compiled[1].render(messages=chat, tools=list(tools) if tools else None,
+                                documents=None, add_generation_prompt=add_generation_prompt,
+                                **{**compiled[2], **template_kwargs})
+    except Exception as e:  # jinja2 raises TemplateError, templates raise their own errors
+      raise ChatTemplateError(
+        f"chat template of {self.name!r} failed on {len(messages)} messages "
+        f"(roles {[m.get('role') if isinstance(m, dict) else m for m in messages]}): {e}"
+      ) from e
+
+  def _compiled_template(self) -> tuple[str, Any, dict] | None:
+    """(template text, the template compiled by transformers, the special tokens map) for
+    `render_json_chat_text`, remade when the template text changes; None without a single
+    template or without transformers' compiler."""
+    template = self.chat_template
+    if template is None:
+      return None
+    cached = self.__dict__.get("_compiled")
+    if cached is None or cached[0] is not template:
+      try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+      except ImportError:   # a transformers release that moved it: the general path
+        return None
+      cached = (template, _compile_jinja_template(template), dict(self.hf.special_tokens_map))
+      self.__dict__["_compiled"] = cached
+    return cached
 
   def render_chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
                   add_generation_prompt: bool = True, **template_kwargs: Any) -> list[int]:

@@ -288,8 +288,8 @@ class PromptBuilder:
         return PromptPlan(ids, len(best.ids), best is session.latest, key, context)
       _log.info("session %s: chat template is not prefix-stable here; rendering the prompt "
                 "from scratch", session.id)
-    ids = self.tokenizer.render_chat(messages, tools, add_generation_prompt=True,
-                                     **template_kwargs)
+    ids = self.tokenizer.encode(self.tokenizer.render_json_chat_text(
+      messages, tools, add_generation_prompt=True, **template_kwargs))
     return PromptPlan(ids, 0, False, key, context)
 
   def _new_text(self, messages: list[dict], k: int, tools, template_kwargs: dict,
@@ -309,7 +309,7 @@ class PromptBuilder:
         if chat is short and prepared is not None and prepared[0] == bool(system):
           # The recorded turn's rendering was made after the last answer went out: one
           # render here instead of two (`Tokenizer.render_continuation`'s rule, on its text).
-          text = _continuation_after(prepared[1], self.tokenizer.render_chat_text(
+          text = _continuation_after(prepared[1], self.tokenizer.render_json_chat_text(
             chat, tools, add_generation_prompt=True, **template_kwargs), self.eos_text)
         else:
           text = self.tokenizer.render_continuation(chat, recorded, tools,
@@ -326,8 +326,8 @@ class PromptBuilder:
     session's next call, whose continuation then needs one render instead of two. Run after
     the answer was sent; a template that fails here leaves the checkpoint unprepared."""
     try:
-      text = self.tokenizer.render_chat_text(head, tools, add_generation_prompt=False,
-                                             **template_kwargs)
+      text = self.tokenizer.render_json_chat_text(head, tools, add_generation_prompt=False,
+                                                  **template_kwargs)
     except ChatTemplateError:
       return
     end = text.rfind(self.eos_text)
