@@ -25,14 +25,18 @@ from typing import Optional
 import httpx
 
 
-def mounts_for(url: str, max_idle: int = 32) -> dict:
-  """httpx `mounts` sending requests for `url`'s origin through StdlibTransport; {} for an
+def mounts_for(url: str, max_idle: int = 32, asynchronous: bool = False) -> dict:
+  """httpx `mounts` sending requests for `url`'s origin through StdlibTransport (for an
+  httpx.Client) or, `asynchronous`, AsyncioTransport (for an httpx.AsyncClient); {} for an
   https URL or when the environment configures an HTTP proxy (httpx's transport then)."""
   parts = urllib.parse.urlsplit(url)
   proxies = urllib.request.getproxies()
   if parts.scheme != "http" or not parts.hostname or "http" in proxies or "all" in proxies:
     return {}
   origin = f"http://{parts.netloc.rsplit('@', 1)[-1]}"
+  if asynchronous:
+    from orchard_jax.env._async_transport import AsyncioTransport
+    return {origin: AsyncioTransport(max_idle=max_idle)}
   return {origin: StdlibTransport(max_idle=max_idle)}
 
 

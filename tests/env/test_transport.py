@@ -1,8 +1,10 @@
-"""The SDK's HTTP/1.1 transport (orchard_jax.env._transport) against httpx's own: a recording
+"""The SDK's HTTP/1.1 transports (orchard_jax.env._transport's StdlibTransport for the sync
+client, _async_transport's AsyncioTransport for the async one) against httpx's own: a recording
 HTTP/1.1 server (the standard library's) sees the same requests and the client the same
 responses through both, for any method, path, query and body (hypothesis); an idle connection
 the server closed is replaced, not failed; failures are httpx's exceptions.
 """
+import asyncio
 import base64
 import gzip
 import http.server
@@ -147,3 +149,106 @@ def test_only_plain_http_without_a_proxy_uses_it(monkeypatch):
   assert _transport.mounts_for("https://env.example:8443") == {}
   monkeypatch.setenv("HTTP_PROXY", "http://proxy.internal:3128")
   assert _transport.mounts_for("http://10.0.0.1:8080") == {}
+
+
+class _AsyncClients:
+  """httpx's own async transport and AsyncioTransport, clients of the server on one loop."""
+
+  def __init__(self, server):
+    self.loop = asyncio.new_event_loop()
+    mounts = _transport.mounts_for(server, asynchronous=True)
+    assert [type(t).__name__ for t in mounts.values()] == ["AsyncioTransport"]
+    self.stock = httpx.AsyncClient(base_url=server, headers={"X-API-Key": "k"})
+    self.ours = httpx.AsyncClient(base_url=server, headers={"X-API-Key": "k"}, mounts=mounts)
+
+  def outcomes(self, method, path, params, body, repeats=2):
+    """([outcome through httpx's own transport] * repeats, [through ours] * repeats)."""
+    async def go(client):
+      seen = []
+      for _ in range(repeats):   # after the first, on a kept-alive (or replaced) connection
+        response = await client.request(method, path, params=params, content=body)
+        seen.append((response.status_code, response.reason_phrase,
+                     sorted((k, v) for k, v in response.headers.multi_items()
+                            if k not in ("date", "server")), response.content))
+      return seen
+    return self.loop.run_until_complete(go(self.stock)), self.loop.run_until_complete(go(self.ours))
+
+  def close(self):
+    self.loop.run_until_complete(self.stock.aclose())
+    self.loop.run_until_complete(self.ours.aclose())
+    self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def async_clients(server):
+  clients = _AsyncClients(server)
+  yield clients
+  clients.close()
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]),
+       kind=st.sampled_from(["", "gzip", "chunked", "missing", "hang-up"]),
+       segments=st.lists(_SEGMENT, max_size=3),
+       params=st.dictionaries(_SEGMENT, _SEGMENT, max_size=2),
+       body=st.binary(max_size=3000))
+def test_async_requests_and_responses_are_as_through_httpx_own_transport(
+    async_clients, method, kind, segments, params, body):
+  if method == "HEAD" and kind in ("gzip", "chunked"):
+    kind = ""
+  path = "/" + "/".join([kind or "plain"] + segments)
+  stock, ours = async_clients.outcomes(method, path, params, body)
+  assert ours == stock
+
+
+def test_async_large_bodies_and_streamed_responses(server, async_clients):
+  body = bytes(range(256)) * 4096   # 1 MiB: several writes, flow control
+  stock, ours = async_clients.outcomes("PUT", "/plain/big", {}, body, repeats=3)
+  assert ours == stock
+  assert base64.b64decode(json.loads(ours[0][3])["body"]) == body
+
+  async def streamed():
+    mounts = _transport.mounts_for(server, asynchronous=True)
+    async with httpx.AsyncClient(base_url=server, mounts=mounts) as client:
+      async with client.stream("POST", "/chunked/x", content=b"abc") as response:
+        pieces = [piece async for piece in response.aiter_raw()]
+      again = await client.get("/plain")   # the connection went back to the pool
+      return response.status_code, response.headers.get_list("x-many"), pieces, again
+  status, many, pieces, again = asyncio.run(streamed())
+  assert status == 207 and many == ["a", "b"] and len(pieces) >= 1
+  assert json.loads(b"".join(pieces))["body"] == base64.b64encode(b"abc").decode()
+  assert again.status_code == 200
+
+
+def test_async_idle_connection_the_server_closed_is_replaced(server):
+  async def go():
+    transport = _transport.mounts_for(server, asynchronous=True)[server]
+    async with httpx.AsyncClient(base_url=server, mounts={server: transport}) as client:
+      assert (await client.get("/hang-up")).status_code == 200   # the server closes it after
+      await asyncio.sleep(0.2)                                    # its FIN arrives
+      return [(await client.post("/again", content=b"x")).status_code for _ in range(3)]
+  assert asyncio.run(go()) == [200, 200, 200]
+
+
+def test_async_failures_are_httpx_exceptions(server):
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    free = f"http://127.0.0.1:{s.getsockname()[1]}"
+  silent = socket.socket()
+  silent.bind(("127.0.0.1", 0))
+  silent.listen()
+  url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+
+  async def go():
+    async with httpx.AsyncClient(base_url=free, mounts=_transport.mounts_for(
+        free, asynchronous=True)) as client:
+      with pytest.raises(httpx.ConnectError):
+        await client.get("/")
+    async with httpx.AsyncClient(base_url=url, timeout=0.3, mounts=_transport.mounts_for(
+        url, asynchronous=True)) as client:
+      with pytest.raises(httpx.ReadTimeout):
+        await client.post("/", content=b"never answered")
+  try:
+    asyncio.run(go())
+  finally:
+    silent.close()
