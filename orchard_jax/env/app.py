@@ -256,7 +256,9 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
 
   @v1.post("/sandboxes", status_code=201)
   async def create(body: _api.CreateSandbox, who: Who):
-    return await manager.create(body, who)
+    # The record is JSON already: answered as is (jsonable_encoder's walk over it is most of
+    # the route's own CPU), as the exec fast path answers job records.
+    return responses.JSONResponse(await manager.create(body, who), status_code=201)
 
   @v1.get("/sandboxes")
   async def list_sandboxes(who: Who, label: list[str] = fastapi.Query([]),

@@ -22,7 +22,8 @@ the socket itself; results travel on descriptors that came with the request:
   `pidfd`, forks the command (new session, sandbox uid/gid, no_new_privs, `cwd`), and writes
   {"pid": N} then {"exit": code} | {"signal": n} | {"error": message} to `status`.
 - op "forkserver": a child joins the sandbox's cgroups and enters its namespaces through
-  `pidfd` once, becomes the sandbox user (`creds`) under the seccomp filter, then serves
+  `pidfd` once, hands the folders in `own` (the workspace) to the sandbox user, becomes that
+  user (`creds`) under the seccomp filter, then serves
   "spawn" requests (mode "enter") on the `server` socket for the sandbox's lifetime, each with
   one posix_spawn (see _ForkServer). `status` gets {"pid": N} and then how the fork server
   ended, as for mode "direct".
@@ -602,6 +603,9 @@ def _child(req, fds):
       elif op == "listen":
         _listen(req, fds)
       elif op == "forkserver":
+        creds = req.get("creds")
+        for path in req.get("own") or ():   # the workspace, handed over before "ready"
+          os.chown(path, creds["uid"], creds["gid"])
         os.close(fds["status"])   # the helper reports how it ends
         _ForkServer(socket.socket(fileno=fds["server"]), fds["pidfd"], req.get("creds")).serve()
       elif op == "own":   # hand folders (the workspace) to the sandbox user, then report

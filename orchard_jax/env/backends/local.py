@@ -131,6 +131,7 @@ class LocalBackend(Backend):
     self._slirp = _network.slirp4netns()   # "" when network=True cannot be offered
     self._cgroups = None
     self._spawner = None
+    self._owner = None        # (pid, start time) of this process, for the state files
     self._sock = None
     self._boxes = {}          # sandbox id -> _Box (this process's handles)
     self._jobs = {}           # job id -> asyncio.Task giving a JobResult
@@ -365,7 +366,7 @@ class LocalBackend(Backend):
     box.pidns = os.readlink(f"/proc/{box.init_pid}/ns/pid")
     box.ns_flags = _ns_flags(box.init_pid, self.user_namespace)
     box.bwrap_pid = box.status.pid
-    await self._start_fork_server(box)
+    await self._start_fork_server(box, own=[workdir] if self.creds is not None else [])
     self._write_meta(sandbox_id, {"bwrap_pid": box.bwrap_pid, "init_pid": box.init_pid,
                                   "init_start": _start_time(box.init_pid)})
     ref = {"id": sandbox_id, "init_pid": box.init_pid, "workdir": workdir,
@@ -378,7 +379,9 @@ class LocalBackend(Backend):
     except EnvError:
       await self.delete(sandbox_id, None)
       raise
-    if self.creds is not None:   # the workspace belongs to the sandbox user (git wants that)
+    # The workspace belongs to the sandbox user (git wants that): the fork server hands it
+    # over as it starts; without one, the helper does.
+    if self.creds is not None and box.server is None:
       reply_r, reply_w = os.pipe2(os.O_CLOEXEC)
       try:
         self._send({"op": "own", "paths": [workdir], "creds": self.creds, "cgroups": [],
@@ -401,15 +404,16 @@ class LocalBackend(Backend):
                             f"{result.stderr.decode(errors='replace')[-2000:]}")
     return ref
 
-  async def _start_fork_server(self, box) -> None:
+  async def _start_fork_server(self, box, own: Sequence[str] = ()) -> None:
     """Starts the sandbox's fork server (see the module docstring) and waits until it has
-    entered the sandbox. If it cannot, the sandbox works without one (commands then go
-    through the helper, slower), and the reason is logged."""
+    entered the sandbox and chowned the folders `own` to the sandbox user. If it cannot, the
+    sandbox works without one (commands then go through the helper, slower), and the reason
+    is logged."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     try:
       self._send({"op": "forkserver", "cgroups": box.procs, "ns_flags": box.ns_flags,
-                  "creds": self.creds},
+                  "creds": self.creds, "own": list(own)},
                  [("status", status_w), ("pidfd", box.pidfd), ("server", theirs.fileno())])
     except OSError as e:
       mine.close()
@@ -551,11 +555,20 @@ class LocalBackend(Backend):
         raise SandboxFailed(status.describe_end())
 
   def _write_meta(self, sandbox_id, fields):
-    meta = {"id": sandbox_id, "owner_pid": os.getpid(), "owner_start": _start_time(os.getpid()),
+    """Writes (atomically) the sandbox's small state file: its owner (this process, with its
+    start time, read once: /proc/<pid>/stat of the busy service could hold the event loop
+    half a millisecond per read under load), creation time and `fields`."""
+    pid = os.getpid()
+    if self._owner is None or self._owner[0] != pid:
+      self._owner = (pid, _start_time(pid))
+    meta = {"id": sandbox_id, "owner_pid": pid, "owner_start": self._owner[1],
             "created": time.time(), **fields}
     tmp = self._meta_path(sandbox_id) + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(meta, f)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+      os.write(fd, json.dumps(meta).encode())
+    finally:
+      os.close(fd)
     os.replace(tmp, self._meta_path(sandbox_id))
 
   def _meta_path(self, sandbox_id):
