@@ -17,6 +17,12 @@ from launch.benchmarks import common  # noqa: E402
 
 _SUITE = flags.DEFINE_string("suite", None, "Benchmark suite: one of " + ", ".join(common.SUITES))
 _JSON = flags.DEFINE_string("json", None, "Also write the rows as JSON to this path.")
+_PROFILE = flags.DEFINE_string(
+    "profile", None, "--suite model: trace one step of each case with jax.profiler into this "
+    "folder and print where its time goes (launch/benchmarks/step_profile.py).")
+_CASES = flags.DEFINE_list("cases", None, "--suite model: run only these presets' cases.")
+# Suites that honour --profile / --cases (through the environment, so workers see them).
+_CASE_SUITES = ("model",)
 
 
 def main(argv):
@@ -26,6 +32,13 @@ def main(argv):
                          "--suite model")
   if _SUITE.value not in common.SUITES:
     raise app.UsageError(f"--suite is {_SUITE.value!r}; expected one of {list(common.SUITES)}")
+  if (_PROFILE.value or _CASES.value) and _SUITE.value not in _CASE_SUITES:
+    raise app.UsageError(f"--profile and --cases apply to --suite {', '.join(_CASE_SUITES)}; "
+                         f"got --suite {_SUITE.value}")
+  if _PROFILE.value:
+    os.environ["ORCHARD_BENCH_PROFILE"] = os.path.abspath(_PROFILE.value)
+  if _CASES.value:
+    os.environ["ORCHARD_BENCH_CASES"] = ",".join(_CASES.value)
   rows = common.load_suite(_SUITE.value).run()
   common.print_table(_SUITE.value, rows)
   if _JSON.value:

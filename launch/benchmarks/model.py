@@ -36,6 +36,15 @@ Each case then prints
 - the fraction of the roofline of XLA's own step cost, max(FLOPs / peak, bytes / bandwidth)
   over the step time: how close the compiled program runs to the machine's limit for the work
   it actually does (what remains is overhead: launch, copies, single-threaded ops).
+
+Where the time goes: with ORCHARD_BENCH_PROFILE=DIR in the environment (`bench.py --profile
+DIR`), the orchard_jax worker of each case traces one more step with jax.profiler after the
+timed ones (launch/benchmarks/step_profile.py) and writes DIR/model_PRESET/: the Perfetto trace
+(perfetto_trace.json.gz under plugins/profile/) and breakdown.json (op time by category:
+matmul, dynamic-slice/update-slice, copy/transpose, reduce, elementwise fusions,
+sort/scatter/gather, control flow, other; and the top ops with the JAX operation each came
+from); the bench prints the breakdown beside each case. The traced step is not a timed one.
+ORCHARD_BENCH_CASES=PRESET[,PRESET] (`bench.py --cases`) runs only those cases.
 """
 import json
 import os
@@ -47,7 +56,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from launch.benchmarks import common, roofline
+from launch.benchmarks import common, roofline, step_profile
 
 THREADS = 2
 CASES = (  # (preset, architecture label, batch, seq, warmup, repeats)
@@ -69,8 +78,11 @@ def run() -> list[common.Row]:
                          baseline_name=f"torch ({THREADS} threads)"))
   rows.append(common.Row(case="this machine, same run", metric="memory bandwidth GB/s (STREAM "
                          "triad through XLA)", ours=peaks["bandwidth"] / 1e9))
-  for preset, arch, batch, seq, warmup, repeats in CASES:
+  for preset, arch, batch, seq, warmup, repeats in selected_cases():
     ours = _subprocess("ours", preset, batch, seq, warmup, repeats)
+    if "profile" in ours:
+      print(step_profile.format_summary(ours["profile"], title=f"{preset} ({arch}) fwd+bwd: "),
+            flush=True)
     theirs = _subprocess("transformers", preset, batch, seq, warmup, repeats)
     case = f"{preset} ({arch}) fwd+bwd {batch}x{seq}"
     rows.append(common.Row(case=case, metric="tokens/s", ours=ours["tokens_per_s"],
@@ -85,6 +97,20 @@ def run() -> list[common.Row]:
     rows.extend(roofline_rows(case, _config(preset), batch, seq, ours, theirs, peaks, machine,
                               baseline))
   return rows
+
+
+def selected_cases() -> tuple:
+  """CASES, or those whose preset ORCHARD_BENCH_CASES names (comma-separated).
+
+  Raises:
+    ValueError: ORCHARD_BENCH_CASES names a preset that is not a case.
+  """
+  names = [n.strip() for n in os.environ.get("ORCHARD_BENCH_CASES", "").split(",") if n.strip()]
+  known = [case[0] for case in CASES]
+  unknown = [n for n in names if n not in known]
+  if unknown:
+    raise ValueError(f"ORCHARD_BENCH_CASES names {unknown}; expected presets among {known}")
+  return tuple(case for case in CASES if not names or case[0] in names)
 
 
 def roofline_rows(case: str, config, batch: int, seq: int, ours: dict, theirs: dict,
@@ -232,10 +258,23 @@ def _worker_ours(preset: str, batch: int, seq: int, warmup: int, repeats: int) -
   step = jax.jit(jax.value_and_grad(loss_fn)).lower(params).compile()
   cost = roofline.compiled_cost(step)
   median, cpu = _time(lambda: jax.block_until_ready(step(params)), warmup, repeats)
-  return {"tokens_per_s": batch * seq / median, "peak_rss_gb": _peak_rss_gb(),
-          "cpu_s_per_step": cpu, "xla_flops": cost.flops, "xla_bytes": cost.bytes_accessed,
-          "compulsory_bytes": cost.compulsory_bytes,
-          "unknown_trip_loops": cost.unknown_trip_loops}
+  result = {"tokens_per_s": batch * seq / median, "peak_rss_gb": _peak_rss_gb(),
+            "cpu_s_per_step": cpu, "xla_flops": cost.flops, "xla_bytes": cost.bytes_accessed,
+            "compulsory_bytes": cost.compulsory_bytes,
+            "unknown_trip_loops": cost.unknown_trip_loops}
+  if os.environ.get("ORCHARD_BENCH_PROFILE"):
+    result["profile"] = _profile(step, (params,), f"model_{preset}")
+  return result
+
+
+def _profile(compiled, args: tuple, name: str) -> dict:
+  """Traces one more call of `compiled` into ORCHARD_BENCH_PROFILE/name and returns its
+  breakdown's summary (also written there as breakdown.json)."""
+  out_dir = os.path.join(os.environ["ORCHARD_BENCH_PROFILE"], name)
+  summary = step_profile.profile_step(compiled, args, out_dir).summary(top=15)
+  with open(os.path.join(out_dir, "breakdown.json"), "w") as f:
+    json.dump(summary, f, indent=1)
+  return summary
 
 
 def _worker_transformers(preset: str, batch: int, seq: int, warmup: int, repeats: int) -> dict:

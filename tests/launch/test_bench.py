@@ -41,3 +41,26 @@ def test_a_missing_suite_says_it_is_required():
   assert result.stderr.strip().splitlines() == [
       f"error: --suite is required: one of {list(common.SUITES)}, e.g. --suite model "
       "(see --help)"]
+
+
+def test_cases_select_the_model_bench_presets(monkeypatch):
+  import pytest
+
+  from launch.benchmarks import model
+  monkeypatch.setenv("ORCHARD_BENCH_CASES", "small, small_qwen3_5")
+  assert [c[0] for c in model.selected_cases()] == ["small", "small_qwen3_5"]
+  monkeypatch.setenv("ORCHARD_BENCH_CASES", "")
+  assert model.selected_cases() == model.CASES
+  monkeypatch.setenv("ORCHARD_BENCH_CASES", "smal")
+  with pytest.raises(ValueError, match="smal"):
+    model.selected_cases()
+
+
+def test_profile_and_cases_are_refused_for_suites_that_ignore_them():
+  import subprocess
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  result = subprocess.run([sys.executable, os.path.join(root, "launch", "bench.py"), "--suite",
+                           "proxy", "--cases", "small"], capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode == 2
+  assert "--profile and --cases apply to --suite model" in result.stderr
