@@ -13,6 +13,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from launch import overrides  # noqa: E402
+from launch import xla_env  # noqa: E402
 from launch.benchmarks import common  # noqa: E402
 
 _SUITE = flags.DEFINE_string("suite", None, "Benchmark suite: one of " + ", ".join(common.SUITES))
@@ -39,6 +40,8 @@ def main(argv):
     os.environ["ORCHARD_BENCH_PROFILE"] = os.path.abspath(_PROFILE.value)
   if _CASES.value:
     os.environ["ORCHARD_BENCH_CASES"] = ",".join(_CASES.value)
+  # The schedule launched jobs compile with (launch/xla_env.py), here and in bench workers.
+  xla_env.configure()
   rows = common.load_suite(_SUITE.value).run()
   common.print_table(_SUITE.value, rows)
   if _JSON.value:

@@ -44,6 +44,9 @@ def main(argv):
   # same shapes in this one (ORCHARD_JAX_COMPILATION_CACHE=0 turns it off; compile_cache.py).
   from launch import compile_cache
   logging.info("JAX compilation cache: %s", compile_cache.enable() or "off")
+  # XLA:CPU's memory-minimising op schedule (ORCHARD_JAX_CPU_SCHEDULER; launch/xla_env.py).
+  from launch import xla_env
+  logging.info("XLA:CPU scheduler: %s", xla_env.configure())
   # On a multi-host Job (launch/k8s/training.py) join the other hosts before any device use.
   from orchard_jax.parallel import distributed
   if distributed.initialize_from_env():

@@ -56,6 +56,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+from launch import xla_env
 from launch.benchmarks import common, roofline, step_profile
 
 THREADS = 2
@@ -185,6 +186,7 @@ def _subprocess(side: str, preset: str, batch: int, seq: int, warmup: int,
          str(warmup), str(repeats)]
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)                 # one CPU device, not the tests' eight
+  xla_env.configure(env)                     # the schedule launched jobs use (xla_env.py)
   env["JAX_PLATFORMS"] = "cpu"
   env["OMP_NUM_THREADS"] = str(THREADS)
   if _has_taskset() and os.cpu_count() and os.cpu_count() > THREADS:
