@@ -16,7 +16,9 @@ closed or wrote to while idle is dropped, not reused), request bodies stream wit
 response bodies stream (reading pauses while 1 MiB waits unread), and failures raise httpx's
 exceptions: ConnectError / ConnectTimeout before anything was sent (safe to retry), WriteError
 / WriteTimeout, ReadError / ReadTimeout and RemoteProtocolError after. A server that answers
-before reading the whole body (a refusal, a 413) has its answer returned.
+before reading the whole body (a refusal, a 413) has its answer returned. A request whose
+kept-alive connection the server closed without answering a byte is sent once more on a new
+connection (the server never handled it).
 """
 import asyncio
 import select
@@ -38,6 +40,7 @@ class _Protocol(asyncio.Protocol):
     self.transport = None
     self.chunks, self.buffered = [], 0
     self.eof, self.error = False, None
+    self.received = False      # bytes arrived since the connection was last taken for a request
     self._waiter = None        # a read waiting for data
     self._paused = False       # reading paused (too much unread)
     self._drained = None       # a write waiting for the buffer to drain (None: may write)
@@ -46,6 +49,7 @@ class _Protocol(asyncio.Protocol):
     self.transport = transport
 
   def data_received(self, data):
+    self.received = True
     self.chunks.append(data)
     self.buffered += len(data)
     if self.buffered > _HIGH_WATER and not self._paused:
@@ -154,10 +158,27 @@ class AsyncioTransport(httpx.AsyncBaseTransport):
       raise httpx.UnsupportedProtocol(f"this transport speaks plain http; got {request.url}")
     timeouts = request.extensions.get("timeout") or {}
     origin = (request.url.host, request.url.port or 80)
-    conn = self._take(origin) or await self._connect(origin, timeouts.get("connect"), request)
+    reused = self._take(origin)
+    conn = reused or await self._connect(origin, timeouts.get("connect"), request)
     try:
       write_error = await _send(conn, request, timeouts.get("write"))
       head = await _receive_head(conn, request, timeouts.get("read"), write_error)
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+      conn.close()
+      if (reused is None or conn.protocol.received
+          or not isinstance(request.stream, httpx.ByteStream)):
+        raise
+      # The server closed this kept-alive connection as the request went out on it and sent
+      # not one byte back: it closed an idle connection and never handled the request (the
+      # race the pool's readability check cannot close). Sent once more on a new connection,
+      # as Go's net/http does for this case whatever the method.
+      conn = await self._connect(origin, timeouts.get("connect"), request)
+      try:
+        write_error = await _send(conn, request, timeouts.get("write"))
+        head = await _receive_head(conn, request, timeouts.get("read"), write_error)
+      except BaseException:
+        conn.close()
+        raise
     except BaseException:
       conn.close()
       raise
@@ -187,6 +208,7 @@ class AsyncioTransport(httpx.AsyncBaseTransport):
     while pool:
       conn = pool.pop()
       if conn.reusable():
+        conn.protocol.received = False
         return conn
       conn.close()
     return None
