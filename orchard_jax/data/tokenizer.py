@@ -151,9 +151,7 @@ class Tokenizer:
         list(messages), tools=list(tools) if tools else None, tokenize=False,
         add_generation_prompt=add_generation_prompt, **template_kwargs)
     except Exception as e:  # jinja2 raises TemplateError, templates raise their own errors
-      raise ChatTemplateError(
-        f"chat template of {self.name!r} failed on {len(messages)} messages "
-        f"(roles {[m.get('role') for m in messages]}): {e}") from e
+      raise self._template_failed(messages, e) from e
 
   def render_json_chat_text(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
                             add_generation_prompt: bool = True, **template_kwargs: Any) -> str:
@@ -193,10 +191,13 @@ class Tokenizer:
                                 documents=None, add_generation_prompt=add_generation_prompt,
                                 **{**compiled[2], **template_kwargs})
     except Exception as e:  # jinja2 raises TemplateError, templates raise their own errors
-      raise ChatTemplateError(
-        f"chat template of {self.name!r} failed on {len(messages)} messages "
-        f"(roles {[m.get('role') if isinstance(m, dict) else m for m in messages]}): {e}"
-      ) from e
+      raise self._template_failed(messages, e) from e
+
+  def _template_failed(self, messages: Sequence[Any], error: Exception) -> ChatTemplateError:
+    """The one-line error of a chat the template rejected: how many messages, their roles."""
+    roles = [m.get("role") if isinstance(m, dict) else m for m in messages]
+    return ChatTemplateError(f"chat template of {self.name!r} failed on {len(messages)} "
+                             f"messages (roles {roles}): {error}")
 
   def _compiled_template(self) -> tuple[str, Any, dict] | None:
     """(template text, the template compiled by transformers, the special tokens map) for

@@ -96,12 +96,17 @@ _SEGMENT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs
                    min_size=1, max_size=8)
 
 
+# Requests both transports are sent: method, answer kind (the server's path prefix), path
+# segments, query parameters and body.
+_REQUESTS = dict(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]),
+                 kind=st.sampled_from(["", "gzip", "chunked", "missing", "hang-up"]),
+                 segments=st.lists(_SEGMENT, max_size=3),
+                 params=st.dictionaries(_SEGMENT, _SEGMENT, max_size=2),
+                 body=st.binary(max_size=3000))
+
+
 @settings(max_examples=60, deadline=None, derandomize=True)
-@given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]),
-       kind=st.sampled_from(["", "gzip", "chunked", "missing", "hang-up"]),
-       segments=st.lists(_SEGMENT, max_size=3),
-       params=st.dictionaries(_SEGMENT, _SEGMENT, max_size=2),
-       body=st.binary(max_size=3000))
+@given(**_REQUESTS)
 def test_requests_and_responses_are_as_through_httpx_own_transport(clients, method, kind,
                                                                     segments, params, body):
   if method == "HEAD" and kind in ("gzip", "chunked"):
@@ -197,11 +202,7 @@ def async_clients(server):
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
-@given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]),
-       kind=st.sampled_from(["", "gzip", "chunked", "missing", "hang-up"]),
-       segments=st.lists(_SEGMENT, max_size=3),
-       params=st.dictionaries(_SEGMENT, _SEGMENT, max_size=2),
-       body=st.binary(max_size=3000))
+@given(**_REQUESTS)
 def test_async_requests_and_responses_are_as_through_httpx_own_transport(
     async_clients, method, kind, segments, params, body):
   if method == "HEAD" and kind in ("gzip", "chunked"):
