@@ -35,7 +35,13 @@ Each case then prints
 - the same at torch's peak for both sides (transformers' fraction of its own roofline);
 - the fraction of the roofline of XLA's own step cost, max(FLOPs / peak, bytes / bandwidth)
   over the step time: how close the compiled program runs to the machine's limit for the work
-  it actually does (what remains is overhead: launch, copies, single-threaded ops).
+  it actually does (what remains is overhead: launch, copies, single-threaded ops);
+- the step's matmuls timed alone at their own shapes (launch/benchmarks/dot_ceiling.py: each
+  distinct dot of the compiled step compiled by itself, times its executions per step): their
+  GFLOP/s beside the 2048^3 peak, and the ceiling they set on the first fraction, model
+  roofline seconds over the matmuls' seconds: the most that fraction can reach with XLA:CPU's
+  kernels at the step's shapes if every other op were free (an estimate: a dot alone may run
+  faster or slower than inside the step).
 
 Where the time goes: with ORCHARD_BENCH_PROFILE=DIR in the environment (`bench.py --profile
 DIR`), the orchard_jax worker of each case traces one more step with jax.profiler after the
@@ -57,7 +63,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from launch import xla_env
-from launch.benchmarks import common, roofline, step_profile
+from launch.benchmarks import common, dot_ceiling, roofline, step_profile
 
 THREADS = 2
 CASES = (  # (preset, architecture label, batch, seq, warmup, repeats)
@@ -123,6 +129,7 @@ def roofline_rows(case: str, config, batch: int, seq: int, ours: dict, theirs: d
                        compulsory_bytes=ours["compulsory_bytes"],
                        unknown_trip_loops=ours["unknown_trip_loops"])
   unknown = f", {cost.unknown_trip_loops} loops counted once" if cost.unknown_trip_loops else ""
+  model_roofline_s = flops * batch * seq / peaks["jax"]
   return [
       common.Row(case=case, metric="step GFLOP: XLA cost analysis" + unknown,
                  ours=cost.flops / 1e9, baseline=flops * batch * seq / 1e9,
@@ -141,6 +148,16 @@ def roofline_rows(case: str, config, batch: int, seq: int, ours: dict, theirs: d
                  baseline_name=baseline + " (its own)"),
       common.Row(case=case, metric=f"fraction of roofline of XLA's step cost "
                  f"({machine.bound(cost)}-bound)", ours=machine.fraction(cost, step_s),
+                 baseline=1.0, baseline_name="the roofline"),
+      common.Row(case=case, metric=f"step's matmuls alone: GFLOP/s at its {ours['dots']} dot "
+                 f"shapes ({ours['dot_executions']} per step)",
+                 ours=ours["dot_flops"] / ours["dot_seconds"] / 1e9,
+                 baseline=peaks["jax"] / 1e9, baseline_name="XLA:CPU 2048^3 peak"),
+      common.Row(case=case, metric="step's matmuls alone: seconds per step",
+                 ours=ours["dot_seconds"], baseline=step_s, baseline_name="the whole step",
+                 higher_is_better=False),
+      common.Row(case=case, metric="ceiling on the fraction at XLA:CPU peak set by the "
+                 "matmuls alone (estimate)", ours=model_roofline_s / ours["dot_seconds"],
                  baseline=1.0, baseline_name="the roofline"),
   ]
 
@@ -264,6 +281,9 @@ def _worker_ours(preset: str, batch: int, seq: int, warmup: int, repeats: int) -
             "cpu_s_per_step": cpu, "xla_flops": cost.flops, "xla_bytes": cost.bytes_accessed,
             "compulsory_bytes": cost.compulsory_bytes,
             "unknown_trip_loops": cost.unknown_trip_loops}
+  ceiling = dot_ceiling.measure(step.as_text())   # after peak RSS: its operands are small
+  result.update(dot_seconds=ceiling.seconds, dot_flops=ceiling.flops, dots=ceiling.dots,
+                dot_executions=ceiling.executions)
   if os.environ.get("ORCHARD_BENCH_PROFILE"):
     result["profile"] = _profile(step, (params,), f"model_{preset}")
   return result
