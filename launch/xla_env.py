@@ -8,9 +8,10 @@ it. In a training step the breadth-first order materialises work of the backward
 the forward (zero-initialised gradient accumulators and loop buffers of every layer, recomputed
 attention blocks) and holds it: for the `small` preset's forward + backward (4 x 1024 tokens,
 float32, launch/benchmarks/model.py's worker) XLA's temp memory is 3.79 GB breadth-first and
-2.62 GB depth-first, and the process's peak RSS 5.56 and 4.61 GB; CPU seconds per step 24.0
-and 26.5, measured on a loaded machine (load 2-6 and 7), so the depth-first cost in speed is
-not yet known to better than ~10%.
+2.62 GB depth-first, and the process's peak RSS 5.56 and 4.61 GB. Speed, measured alternately
+on a quiet machine (2 cores, `uptime` load 1.6-2.3, other work at nice 19; 1 warm-up + median of
+3 steps): depth-first 330 and 301 tokens/s (peak RSS 4.57 and 4.62 GB), breadth-first 300 and
+306 (5.75 and 5.75 GB): the depth-first schedule costs no measurable speed here.
 
 The switch is read from XLA_FLAGS when the CPU backend starts; `jax.jit(...,
 compiler_options=...)` does not reach the CPU scheduler (JAX 0.10.2, measured), so `configure`

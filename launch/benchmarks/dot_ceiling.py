@@ -73,16 +73,31 @@ class Ceiling:
     dots: distinct dots found.
     executions: dot executions per step (loops weighted by trip count).
     unknown_trip_loops: loops whose trip count XLA does not know (their dots counted once).
+    breakdown: (dot, executions per step, best seconds alone) for every distinct dot, the
+      largest total time first.
   """
   seconds: float
   flops: float
   dots: int
   executions: int
   unknown_trip_loops: int
+  breakdown: tuple[tuple[Dot, int, float], ...] = ()
 
   def flops_per_s(self) -> float:
     """The dots' FLOPs over their time alone, FLOP/s (0.0 for a step without dots)."""
     return self.flops / self.seconds if self.seconds else 0.0
+
+  def format_top(self, top: int = 6) -> str:
+    """The `top` dots by total time, one line each: share of the matmul time, executions,
+    GFLOP/s alone, shapes."""
+    lines = []
+    for dot, count, best in self.breakdown[:top]:
+      share = count * best / self.seconds if self.seconds else 0.0
+      lines.append(f"  {share:6.1%}  x{count:<5d} {dot.flops / best / 1e9:7.1f} GF/s  "
+                   f"{dot.dtype} {list(dot.lhs)} . {list(dot.rhs)} contracting "
+                   f"{list(dot.lhs_contracting)}/{list(dot.rhs_contracting)} batch "
+                   f"{list(dot.lhs_batch)}/{list(dot.rhs_batch)}")
+    return "\n".join(lines)
 
 
 def step_dots(text: str) -> tuple[dict[Dot, int], int]:
@@ -174,7 +189,7 @@ def measure(text: str, repeats: int = 3) -> Ceiling:
   import jax.numpy as jnp
   import numpy as np
   rng = np.random.default_rng(0)
-  seconds = 0.0
+  breakdown = []
   for dot, count in dots.items():
     lhs = jnp.asarray(rng.standard_normal(dot.lhs, dtype=np.float32), dot.dtype)
     rhs = jnp.asarray(rng.standard_normal(dot.rhs, dtype=np.float32), dot.dtype)
@@ -182,6 +197,9 @@ def measure(text: str, repeats: int = 3) -> Ceiling:
     fn = jax.jit(lambda a, b, numbers=numbers: jax.lax.dot_general(a, b, numbers))
     best = min(common.time_calls(lambda: fn(lhs, rhs).block_until_ready(), warmup=1,
                                  repeats=repeats))
-    seconds += count * best
-  return Ceiling(seconds=seconds, flops=sum(d.flops * c for d, c in dots.items()),
-                 dots=len(dots), executions=sum(dots.values()), unknown_trip_loops=unknown)
+    breakdown.append((dot, count, best))
+  breakdown.sort(key=lambda item: -item[1] * item[2])
+  return Ceiling(seconds=sum(count * best for _, count, best in breakdown),
+                 flops=sum(d.flops * c for d, c in dots.items()), dots=len(dots),
+                 executions=sum(dots.values()), unknown_trip_loops=unknown,
+                 breakdown=tuple(breakdown))

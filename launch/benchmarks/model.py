@@ -90,6 +90,8 @@ def run() -> list[common.Row]:
     if "profile" in ours:
       print(step_profile.format_summary(ours["profile"], title=f"{preset} ({arch}) fwd+bwd: "),
             flush=True)
+    print(f"{preset} ({arch}) fwd+bwd: the step's matmuls alone, largest total time first "
+          f"(share of their {ours['dot_seconds']:.2f} s):\n{ours['dot_top']}", flush=True)
     theirs = _subprocess("transformers", preset, batch, seq, warmup, repeats)
     case = f"{preset} ({arch}) fwd+bwd {batch}x{seq}"
     rows.append(common.Row(case=case, metric="tokens/s", ours=ours["tokens_per_s"],
@@ -283,7 +285,7 @@ def _worker_ours(preset: str, batch: int, seq: int, warmup: int, repeats: int) -
             "unknown_trip_loops": cost.unknown_trip_loops}
   ceiling = dot_ceiling.measure(step.as_text())   # after peak RSS: its operands are small
   result.update(dot_seconds=ceiling.seconds, dot_flops=ceiling.flops, dots=ceiling.dots,
-                dot_executions=ceiling.executions)
+                dot_executions=ceiling.executions, dot_top=ceiling.format_top())
   if os.environ.get("ORCHARD_BENCH_PROFILE"):
     result["profile"] = _profile(step, (params,), f"model_{preset}")
   return result

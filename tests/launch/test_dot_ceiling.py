@@ -58,6 +58,8 @@ def test_a_gradient_step_is_timed_and_its_dots_carry_its_matmul_flops():
   assert ceiling.flops == 2 * (2 * 64 * 32 * 48)
   assert ceiling.executions == 2 and ceiling.seconds > 0
   assert ceiling.flops_per_s() == pytest.approx(ceiling.flops / ceiling.seconds)
+  assert ceiling.seconds == pytest.approx(sum(n * s for _, n, s in ceiling.breakdown))
+  assert len(ceiling.format_top().splitlines()) == ceiling.dots
 
 
 def test_text_without_an_entry_is_refused():
