@@ -39,7 +39,9 @@ class AsyncSandboxClient:
         base_url=self.url, headers={"X-API-Key": self.api_key}, timeout=timeout,
         limits=httpx.Limits(max_connections=max_connections,
                             max_keepalive_connections=max_connections),
-        mounts=_transport.mounts_for(self.url, max_idle=max_connections, asynchronous=True))
+        mounts=_transport.mounts_for(self.url, max_idle=max_connections, asynchronous=True),
+        cookies=_http.CookieJar())
+    self._url = _http.RequestURLs(self._http)
     self._owned = {}
     self.client_id = secrets.token_hex(8)   # label of every sandbox this client creates
     self._created_any = False
@@ -58,8 +60,8 @@ class AsyncSandboxClient:
       response = exc = None
       try:
         async with self._in_flight:
-          response = await self._http.request(method, path, timeout=timeout or self.timeout,
-                                              **kwargs)
+          response = await self._http.request(method, self._url(path),
+                                              timeout=timeout or self.timeout, **kwargs)
       except httpx.TransportError as e:
         exc = e
       if not _http.should_retry(exc, response, idempotent) or attempt == self.retry.attempts - 1:

@@ -61,7 +61,9 @@ class SandboxClient:
     self.retry = retry
     self._http = httpx.Client(base_url=self.url, headers={"X-API-Key": self.api_key},
                               timeout=timeout, limits=httpx.Limits(max_keepalive_connections=32),
-                              mounts=_transport.mounts_for(self.url, max_idle=32))
+                              mounts=_transport.mounts_for(self.url, max_idle=32),
+                              cookies=_http.CookieJar())
+    self._url = _http.RequestURLs(self._http)
     self._owned = {}
     self.client_id = secrets.token_hex(8)   # label of every sandbox this client creates
     self._created_any = False
@@ -77,7 +79,8 @@ class SandboxClient:
     for attempt in range(self.retry.attempts):
       response = exc = None
       try:
-        response = self._http.request(method, path, timeout=timeout or self.timeout, **kwargs)
+        response = self._http.request(method, self._url(path), timeout=timeout or self.timeout,
+                                      **kwargs)
       except httpx.TransportError as e:
         exc = e
       if not _http.should_retry(exc, response, idempotent) or attempt == self.retry.attempts - 1:
