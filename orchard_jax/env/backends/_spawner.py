@@ -531,7 +531,8 @@ class _ForkServer:
         _write_json(fds["status"], {"error": str(e)})
         return
       _write_json(fds["status"], {"pid": pid})
-      self.running[pid] = os.dup(fds["status"])
+      self.running[pid] = fds["status"]   # kept (not closed below) until the command ends
+      fdlist.remove(fds["status"])
     except Exception as e:  # noqa: BLE001 - one bad request never ends the fork server
       _report_failure(req, fds, f"{type(e).__name__}: {e}")
     finally:
@@ -703,20 +704,25 @@ class _InPlace:
       os._exit(3)
 
 
+_RECEIVE_BUFFER = bytearray(1 << 20)   # a request's JSON is far smaller (MSG_TRUNC if not)
+
+
 def _receive(sock):
   """The next request as (dict, {name: fd}, [all fds]); every descriptor received is
   close-on-exec. (None, None, fds) for a message that is not a valid request (its fds are
   then closed by the caller); raises EOFError when the service has gone."""
-  # recvmsg itself with MSG_CMSG_CLOEXEC (socket.recv_fds drops its flags before 3.12), so no
-  # descriptor is ever inheritable, not even between receiving it and marking it.
-  msg, ancdata, flags, _ = sock.recvmsg(1 << 20, socket.CMSG_SPACE(_MAX_FDS * 4),
-                                        socket.MSG_CMSG_CLOEXEC)
+  # recvmsg itself with MSG_CMSG_CLOEXEC (socket.recv_fds drops its flags before 3.12): the
+  # kernel installs every descriptor close-on-exec, so none is ever inheritable, not even
+  # for an instant (no FIOCLEX per descriptor after it).
+  # Into one buffer kept for the process's life: recvmsg(1 << 20) maps and unmaps a fresh
+  # megabyte for every request.
+  size, ancdata, flags, _ = sock.recvmsg_into([_RECEIVE_BUFFER], socket.CMSG_SPACE(_MAX_FDS * 4),
+                                              socket.MSG_CMSG_CLOEXEC)
+  msg = _RECEIVE_BUFFER[:size]
   fdlist = []
   for level, kind, data in ancdata:
     if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
       fdlist += list(struct.unpack(f"{len(data) // 4}i", data[:len(data) - len(data) % 4]))
-  for fd in fdlist:
-    os.set_inheritable(fd, False)
   if not msg and not fdlist:
     raise EOFError
   if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
