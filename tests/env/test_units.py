@@ -357,3 +357,24 @@ def test_the_reaper_forgets_expired_jobs_without_scanning_every_job(tmp_path, mo
   assert left == {"job-late", "job-foreign"} and scans == 0
   left, scans = asyncio.run(scenario(shared=True))
   assert left == {"job-late"} and scans == 1
+
+
+def test_status_reader_reports_the_pid_once_as_its_line_arrives():
+  """The local backend counts a command as running from its pid line (on_pid), not from a
+  task waiting on it; the lines are the fork server's (JSON, one a line, split anywhere)."""
+  import asyncio
+  from orchard_jax.env.backends._local_process import _StatusReader
+
+  async def scenario():
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    reader = _StatusReader(read_end)
+    seen = []
+    reader.on_pid = lambda pid: seen.append((pid, reader.ended.is_set()))
+    for piece in (b'{"pi', b'd": 4242}\n{"ex', b'it": 3}\n'):
+      os.write(write_end, piece)
+      await asyncio.sleep(0.01)
+    os.close(write_end)
+    await asyncio.wait_for(reader.ended.wait(), 5)
+    return seen, reader.pid, reader.exit
+  seen, pid, exit_code = asyncio.run(scenario())
+  assert seen == [(4242, False)] and pid == 4242 and exit_code == 3

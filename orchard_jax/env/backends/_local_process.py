@@ -13,11 +13,16 @@ from orchard_jax.env.backends.base import PtySession
 
 
 class _StatusReader:
-  """Reads the JSON lines a spawned process's status pipe carries: pid, then how it ended."""
+  """Reads the JSON lines a spawned process's status pipe carries: pid, then how it ended.
+
+  Attributes:
+    on_pid: None, or a function called with the pid when its line arrives.
+  """
 
   def __init__(self, fd):
     self.fd = fd
     self.pid = None
+    self.on_pid = None
     self.exit = None
     self.signal = None
     self.error = None
@@ -42,6 +47,8 @@ class _StatusReader:
           if "pid" in msg:
             self.pid = msg["pid"]
             self.started.set()
+            if self.on_pid is not None:
+              self.on_pid(self.pid)
           if "error" in msg:
             self.error = msg["error"]
           if "exit" in msg or "signal" in msg or "error" in msg:

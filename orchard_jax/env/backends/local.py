@@ -706,13 +706,14 @@ class LocalBackend(Backend):
     during it, and kills what the command left behind if that hit the sandbox's pids limit
     (a fork bomb whose shell returned at once)."""
     process = launched.process
-    task = asyncio.ensure_future(process.status.started.wait())
-    task.add_done_callback(lambda _: process.pid is not None and box.running_pids.add(process.pid))
+    if process.pid is not None:   # running while collected: counted as running by reclaim
+      box.running_pids.add(process.pid)
+    process.status.on_pid = box.running_pids.add   # (no task waiting for the pid per command)
     try:
       result = await _jobs.collect(process, launched.stdout, launched.stderr, spec,
                                    cancel_event=cancel_event, started=launched.started)
     finally:
-      task.cancel()
+      process.status.on_pid = None
       box.running_pids.discard(process.pid)
     result.pid = process.pid
     if launched.oom_kills is not None and (box.counters.oom_kills() or 0) > launched.oom_kills:
