@@ -6,6 +6,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from orchard_jax import env as orchard_env
 from orchard_jax.env import api, images, jobs
@@ -378,3 +380,29 @@ def test_status_reader_reports_the_pid_once_as_its_line_arrives():
     return seen, reader.pid, reader.exit
   seen, pid, exit_code = asyncio.run(scenario())
   assert seen == [(4242, False)] and pid == 4242 and exit_code == 3
+
+
+def _containers(value, out):
+  if isinstance(value, (dict, list)):
+    out.append(id(value))
+    for item in (value.values() if isinstance(value, dict) else value):
+      _containers(item, out)
+  return out
+
+
+_JSON_LIKE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=4),
+    max_leaves=30)
+
+
+@given(record=_JSON_LIKE)
+def test_store_copies_are_deep_copies(record):
+  """MemoryStore hands out and keeps copies: equal to copy.deepcopy's, sharing no dict or list
+  with the original (a caller mutating one never changes the other)."""
+  import copy
+  from orchard_jax.env import store
+  copied = store._copy(record)
+  assert copied == copy.deepcopy(record)
+  assert not set(_containers(copied, [])) & set(_containers(record, []))
