@@ -8,8 +8,8 @@ refused or reset, HTTP 429/502/503/504) are retried with exponential backoff (te
 another server when one is available; a server that failed is avoided for `cooldown_s`.
 
 `SGLangClient` is synchronous (recipes, scripts; httpx); `AsyncSGLangClient` has the same
-methods as coroutines (the recording proxy, asyncio harness drivers) on aiohttp, whose request
-path costs about a third of httpx's async one in CPU (what the proxy adds to every call).
+methods as coroutines (the recording proxy, asyncio harness drivers) on `http1.HTTP1Client`,
+whose request costs about a third of aiohttp's CPU (what the proxy adds to every call).
 
 Example:
   with SGLangClient(["http://gpu-0:30000", "http://gpu-1:30000"]) as client:
@@ -28,18 +28,17 @@ import uuid
 import weakref
 from typing import Any, AsyncIterator, Iterable, Optional, Sequence, Union
 
-import aiohttp
 import httpx
 import orjson
 import tenacity
 
 from orchard_jax.rollout.errors import RequestError, UpstreamError
+from orchard_jax.rollout.http1 import HTTP1Client, HTTPTransportError
 from orchard_jax.rollout.protocol import (
   SGLANG_GENERATE_FIELDS, SGLANG_SAMPLING_FIELDS, GenerateResponse, ModelInfo, SamplingParams,
   UpdateWeightsFromDiskResponse)
 
 _TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
-_JSON_HEADERS = {"Content-Type": "application/json"}
 Prompt = Union[str, Sequence[int]]
 
 
@@ -435,17 +434,15 @@ class AsyncSGLangClient(_ClientBase):
 
   def __init__(self, urls: Union[str, Sequence[str]], **kwargs: Any):
     super().__init__(urls, **kwargs)
-    # One aiohttp session (connection pool) per event loop, made on first use inside it.
-    self._sessions: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]"
+    # One connection pool per event loop, made on first use inside it.
+    self._sessions: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HTTP1Client]"
     self._sessions = weakref.WeakKeyDictionary()
 
-  def _session(self) -> aiohttp.ClientSession:
+  def _session(self) -> HTTP1Client:
     loop = asyncio.get_running_loop()
     session = self._sessions.get(loop)
-    if session is None or session.closed:
-      session = aiohttp.ClientSession(
-        headers=self._headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-        connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0))
+    if session is None:
+      session = HTTP1Client(self._headers)
       self._sessions[loop] = session
     return session
 
@@ -454,7 +451,7 @@ class AsyncSGLangClient(_ClientBase):
     the client)."""
     session = self._sessions.pop(asyncio.get_running_loop(), None)
     if session is not None:
-      await session.close()
+      await session.aclose()
 
   async def __aenter__(self) -> "AsyncSGLangClient":
     return self
@@ -467,7 +464,6 @@ class AsyncSGLangClient(_ClientBase):
     tried: list[str] = []
     # orjson: a long prompt's input_ids serialise about 10x faster than with json.dumps.
     data = None if json is None else orjson.dumps(json)
-    headers = None if json is None else _JSON_HEADERS
 
     async def attempt() -> Any:
       target = (self._router.acquire_url(url) if url
@@ -475,13 +471,12 @@ class AsyncSGLangClient(_ClientBase):
       tried.append(target)
       ok = False
       try:
-        async with self._session().request(method, target + path, data=data,
-                                           headers=headers) as response:
-          status, content = response.status, await response.read()
+        status, content = await self._session().request(method, target, path, data,
+                                                        timeout_s=self.timeout_s)
         body = self._check_body(status, content, target, path)
         ok = True
         return body
-      except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+      except (HTTPTransportError, TimeoutError) as e:
         raise UpstreamError(f"{target}{path} failed: {type(e).__name__}: {e}",
                             url=target) from e
       except asyncio.CancelledError:
@@ -550,19 +545,23 @@ class AsyncSGLangClient(_ClientBase):
     ok = False
     try:
       try:
-        response = await self._session().post(target + "/generate", data=data,
-                                               headers=_JSON_HEADERS)
-      except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        response = await self._session().open("POST", target, "/generate", data,
+                                              timeout_s=self.timeout_s)
+      except (HTTPTransportError, TimeoutError) as e:
         raise UpstreamError(f"{target}/generate failed: {type(e).__name__}: {e}",
                             url=target) from e
       async with response:
         if response.status >= 400:
-          self._check_body(response.status, await response.read(), target, "/generate")
+          try:
+            content = await response.read()
+          except (HTTPTransportError, TimeoutError) as e:
+            raise UpstreamError(f"{target}/generate answered HTTP {response.status}, then "
+                                f"failed: {type(e).__name__}: {e}", url=target) from e
+          self._check_body(response.status, content, target, "/generate")
         merged = _StreamMerger(target)
         try:
           buffer = b""
-          # Events are split by hand: a cumulative event outgrows aiohttp's line limit.
-          async for data in response.content.iter_any():
+          async for data in response.chunks():
             buffer += data
             *events, buffer = buffer.split(b"\n\n")
             for event in events:
@@ -577,7 +576,7 @@ class AsyncSGLangClient(_ClientBase):
               if partial.meta_info.finish_reason is not None:
                 ok = True
                 return
-        except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError) as e:
+        except (HTTPTransportError, TimeoutError, orjson.JSONDecodeError) as e:
           raise UpstreamError(f"{target}/generate stream broke: {type(e).__name__}: {e}",
                               url=target) from e
         raise UpstreamError(f"{target}/generate stream ended before the request finished",
