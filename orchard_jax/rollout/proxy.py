@@ -962,12 +962,30 @@ class _LockedStream(StreamingResponse):
     try:
       await super().__call__(scope, receive, send)
     finally:
-      for iterator in (self.body_iterator, self._upstream):
-        aclose = getattr(iterator, "aclose", None)
-        if aclose is not None:
-          await aclose()
-      if self._lock.locked():
-        self._lock.release()
+      await self._close()
+
+  async def send_watched(self, watch: DisconnectWatch, send: Callable) -> None:
+    """Stream the events to `send` unless the caller goes away (`watch` sees it, and cancels
+    the stream: the body's generator records its call undelivered), then run the background
+    task. What `__call__` does, without the anyio task group Starlette watches with under an
+    ASGI server of spec 2.3 (uvicorn's), which cost ~0.3 ms of CPU per streamed call."""
+    try:
+      try:
+        await watch.run(self.stream_response(send))
+      except ClientDisconnected:
+        pass
+      if self.background is not None:
+        await self.background()
+    finally:
+      await self._close()
+
+  async def _close(self) -> None:
+    for iterator in (self.body_iterator, self._upstream):
+      aclose = getattr(iterator, "aclose", None)
+      if aclose is not None:
+        await aclose()
+    if self._lock.locked():
+      self._lock.release()
 
 
 def _wire_of(path: str) -> Optional[tuple[str, Wire]]:
@@ -1018,8 +1036,7 @@ class _WireFastPath:
         response = wire.error(f"internal error: {type(e).__name__}: {e}", 500)
         return await response(scope, receive, send)
       if answer.streamed:
-        watch.close()   # the streamed response watches for the caller itself
-        return await answer.response(scope, receive, send)
+        return await answer.response.send_watched(watch, send)
       delivered = False
       try:
         delivered = await watch.deliver(answer.response, scope, receive, send)
