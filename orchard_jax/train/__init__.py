@@ -19,7 +19,10 @@ Public API:
   images_per_row, patches_per_image) puts the images of data.pack_sequences(...,
   images_per_row=K)'s rows and 3-D positions beside a packed batch; the losses and
   token_logprobs(..., images=batch_images(batch)) pass them to the model;
-  OptimizerConfig(frozen=("visual",)) freezes the vision tower (frozen_mask).
+  OptimizerConfig(frozen=("visual",)) freezes the vision tower (frozen_mask);
+  OptimizerConfig(train_last_layers=N) trains only a causal LM's top N decoder layers, final
+  norm and LM head (partial fine-tuning: last_layers_frozen, frozen_prefixes); the train step
+  differentiates the trained params only (partition_params / merge_params).
 """
 from orchard_jax.train.checkpoint import Checkpointer, abstract_like
 from orchard_jax.train.errors import CheckpointMismatch, TrainError
@@ -28,8 +31,10 @@ from orchard_jax.train.losses import OPD_MODES, PolicyLoss, SFTLoss, ValueLoss, 
 from orchard_jax.train.metrics import MetricsWriter, ProgressBar, read_metrics
 from orchard_jax.train.multimodal import IMAGE_KEYS, add_images, batch_images
 from orchard_jax.train.optimizer import (SCHEDULES, OptimizerConfig, frozen_mask,
+                                         frozen_prefixes, last_layers_frozen,
                                          learning_rate_schedule, make_optimizer)
 from orchard_jax.train.step import (ModelParts, batch_partition_spec, build_eval_step,
-                                    build_logprob_step, build_train_step, data_parallel_size, init_train_state,
+                                    build_logprob_step, build_train_step, data_parallel_size,
+                                    init_train_state, merge_params, partition_params,
                                     state_shardings)
 from orchard_jax.train.trainer import Trainer, TrainerConfig

@@ -33,9 +33,16 @@ class OptimizerConfig:
     max_grad_norm: clip the global gradient norm to this (0 or None disables).
     frozen: parameters that are not trained, as path prefixes of the model's parameters
       ("visual": a vision-language model's vision encoder, merger and DeepStack mergers, as
-      Orchard-GUI's SFT freezes them; "visual/blocks": the encoder only). They get no update
-      (no weight decay either) and the train step stops gradients at them, so no backward
-      pass runs through a frozen vision tower.
+      Orchard-GUI's SFT freezes them; "visual/blocks": the encoder only). The train step
+      takes gradients only with respect to the other parameters and the optimiser state holds
+      moments for those alone, so a frozen parameter never moves (no weight decay either) and
+      no backward pass runs through a frozen vision tower.
+    train_last_layers: partial fine-tuning (layer freezing) of a causal LM: when > 0, only the
+      last this many decoder layers, the final norm and the LM head are trained; the token
+      embedding, the lower decoder layers and any other tower are added to `frozen`
+      (`last_layers_frozen`). With the embedding frozen, no gradient flows below the lowest
+      trained layer: a step costs the forward pass plus the backward pass of the trained top.
+      0 trains every parameter not in `frozen`.
   """
   learning_rate: float = 3e-4
   end_learning_rate: float = 3e-5
@@ -48,9 +55,13 @@ class OptimizerConfig:
   eps: float = 1e-8
   max_grad_norm: float = 1.0
   frozen: tuple[str, ...] = ()
+  train_last_layers: int = 0
 
   def __post_init__(self):
     object.__setattr__(self, "frozen", tuple(str(p).strip("/") for p in self.frozen))
+    if self.train_last_layers < 0:
+      raise TrainError(f"train_last_layers must be >= 0 (0 trains every layer); saw "
+                       f"{self.train_last_layers}")
     if self.schedule not in SCHEDULES:
       raise TrainError(f"schedule is {self.schedule!r}; expected one of {SCHEDULES}")
     if self.warmup_steps < 0 or self.total_steps < 0:
@@ -115,34 +126,54 @@ def frozen_mask(params, prefixes) -> Any:
                                           params)
 
 
-def _zero_frozen(prefixes) -> optax.GradientTransformation:
-  """Zeroes the updates of parameters under the prefixes (after AdamW, so weight decay does
-  not move them either). Decided from each update's path, so the transformation holds no
-  state and optax.tree_map_params sees AdamW's state unchanged."""
-  def init(params):
-    del params
-    return optax.EmptyState()
+def last_layers_frozen(params, train_last_layers: int) -> tuple[str, ...]:
+  """The `frozen` prefixes of partial fine-tuning: every parameter of a causal LM's `params`
+  (ModelParts.pure_params: "lm_head", "model/embed_tokens", "model/layers/<i>/...",
+  "model/norm", and e.g. "visual") except the last `train_last_layers` decoder layers, the
+  final norm and the LM head. 0 gives ().
 
-  def update(updates, state, params=None):
-    del params
-    return jax.tree_util.tree_map_with_path(
-        lambda p, u: jax.numpy.zeros_like(u) if _is_frozen(_path_name(p), prefixes) else u,
-        updates), state
-  return optax.GradientTransformation(init, update)
+  Raises:
+    TrainError: the params have no separate LM head (tied embeddings: training the head would
+      train the input embedding and back-propagate through every layer) or no decoder layers,
+      or train_last_layers exceeds their count.
+  """
+  if train_last_layers == 0:
+    return ()
+  tree = dict(params)
+  layers = dict(tree.get("model", {})).get("layers")
+  if "lm_head" not in tree or not layers:
+    raise TrainError(f"train_last_layers={train_last_layers} needs a causal LM with its own "
+                     f"lm_head and model/layers (tied embeddings would train every layer); "
+                     f"saw top-level parameters {sorted(map(str, tree))}")
+  count = len(layers)
+  if train_last_layers > count:
+    raise TrainError(f"train_last_layers is {train_last_layers}; the model has {count} decoder "
+                     f"layers")
+  frozen = [f"model/layers/{i}" for i in sorted(layers) if int(i) < count - train_last_layers]
+  frozen += [f"model/{name}" for name in sorted(map(str, tree["model"]))
+             if name not in ("layers", "norm")]
+  frozen += [str(name) for name in sorted(map(str, tree)) if name not in ("model", "lm_head")]
+  return tuple(frozen)
+
+
+def frozen_prefixes(config: OptimizerConfig, params) -> tuple[str, ...]:
+  """All parameters `config` leaves untrained: config.frozen plus those train_last_layers
+  freezes (`last_layers_frozen`), each once."""
+  extra = last_layers_frozen(params, config.train_last_layers)
+  return tuple(dict.fromkeys(config.frozen + extra))
 
 
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
-  """AdamW (decoupled weight decay on matrices) after global-norm clipping, with the schedule;
-  parameters under `config.frozen` get zero updates (their gradients are zero too, since the
-  train step stops them; their Adam moments stay zero).
+  """AdamW (decoupled weight decay on matrices) after global-norm clipping, with the schedule.
 
-  The optimiser state records the step count, so the schedule resumes where a checkpoint left it.
+  It is applied to the trained parameters only: with frozen parameters (`frozen_prefixes`) the
+  train step (step.build_train_step, step.init_train_state) partitions them out of the
+  gradients, the optimiser state and the update. The optimiser state records the step count,
+  so the schedule resumes where a checkpoint left it.
   """
   parts = []
   if config.max_grad_norm:
     parts.append(optax.clip_by_global_norm(config.max_grad_norm))
   parts.append(optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2,
                            eps=config.eps, weight_decay=config.weight_decay, mask=_decay_mask))
-  if config.frozen:
-    parts.append(_zero_frozen(config.frozen))
   return optax.chain(*parts)

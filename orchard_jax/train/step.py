@@ -3,7 +3,13 @@
 The train state is a pytree of plain dicts (portable across orbax, meshes and rooms):
   {"step": int32 scalar (optimiser updates taken), "params": nested dict of arrays (the model's
    nnx.Param values as nnx.to_pure_dict gives them, in param_dtype: float32 master weights by
-   default), "opt_state": optax state over params, "rng": uint32[2] PRNG key}.
+   default; all of them, frozen or not), "opt_state": optax state over the trained params
+   (`partition_params`: all params unless some are frozen), "rng": uint32[2] PRNG key}.
+
+Frozen parameters (layer freezing, a frozen vision tower; OptimizerConfig.frozen) are split off
+before differentiation: the gradient is taken with respect to the trained params alone and the
+frozen ones enter the loss as constants, so JAX neither differentiates nor back-propagates
+through computation that depends on frozen params only.
 
 Mixed precision: the model computes in ModelConfig.dtype (bfloat16 for real runs) from its
 float32 parameters (ModelConfig.param_dtype), so gradients and AdamW moments stay float32.
@@ -68,8 +74,47 @@ class ModelParts:
     return nnx.merge(self.graphdef, state, self.rest)
 
 
+def partition_params(params: dict, frozen: tuple[str, ...] = ()) -> tuple[dict, dict]:
+  """(trained, frozen) halves of a nested params dict: the same nesting, each holding only its
+  own leaves (a dict left empty is dropped). `frozen` holds path prefixes (optimizer.frozen_mask).
+
+  Raises:
+    TrainError: a prefix names no parameter, or every parameter is frozen.
+  """
+  if not frozen:
+    return params, {}
+  mask = frozen_mask(params, frozen)
+
+  def split(tree, flags):
+    if not isinstance(tree, dict):
+      return (None, tree) if flags else (tree, None)
+    trained, held = {}, {}
+    for key, value in tree.items():
+      a, b = split(value, flags[key])
+      if a is not None:
+        trained[key] = a
+      if b is not None:
+        held[key] = b
+    return trained or None, held or None
+
+  trained, held = split(params, mask)
+  if trained is None:
+    raise TrainError(f"frozen {list(frozen)} covers every parameter; nothing would be trained")
+  return trained, held or {}
+
+
+def merge_params(trained: dict, frozen: dict) -> dict:
+  """The inverse of `partition_params`: one nested dict holding both halves' leaves."""
+  if not frozen:
+    return trained
+  out = dict(trained)
+  for key, value in frozen.items():
+    out[key] = merge_params(out[key], value) if key in out else value
+  return out
+
+
 def state_shardings(optimizer: optax.GradientTransformation, params: dict, mesh: Mesh,
-                    shardings: Optional[dict] = None) -> dict:
+                    shardings: Optional[dict] = None, *, frozen: tuple[str, ...] = ()) -> dict:
   """Shardings of the whole train state: optimiser moments follow their params.
 
   Args:
@@ -77,25 +122,30 @@ def state_shardings(optimizer: optax.GradientTransformation, params: dict, mesh:
     params: the params pytree (arrays or ShapeDtypeStructs).
     mesh: the mesh.
     shardings: the params' shardings (ModelParts.param_shardings); default replicated.
+    frozen: frozen parameter prefixes (the optimiser state covers the others only); the same
+      as build_train_step's and init_train_state's.
   """
   replicated = NamedSharding(mesh, PartitionSpec())
   if shardings is None:
     shardings = jax.tree.map(lambda _: replicated, params)
-  replicated = NamedSharding(mesh, PartitionSpec())
-  abstract_opt = jax.eval_shape(optimizer.init, params)
+  trained, _ = partition_params(params, frozen)
+  trained_shardings, _ = partition_params(shardings, frozen)
+  abstract_opt = jax.eval_shape(optimizer.init, trained)
   opt_shardings = optax.tree_utils.tree_map_params(
-      optimizer, lambda _, s: s, abstract_opt, shardings,
+      optimizer, lambda _, s: s, abstract_opt, trained_shardings,
       transform_non_params=lambda _: replicated)
   return {"step": replicated, "params": shardings, "opt_state": opt_shardings,
           "rng": replicated}
 
 
 def init_train_state(optimizer: optax.GradientTransformation, params: dict, *, seed: int,
-                     shardings: dict) -> dict:
-  """The step-0 train state, laid out on `shardings` (from `state_shardings`)."""
+                     shardings: dict, frozen: tuple[str, ...] = ()) -> dict:
+  """The step-0 train state, laid out on `shardings` (from `state_shardings` with the same
+  `frozen`): the optimiser state is over the trained params only."""
   def init(params):
+    trained, _ = partition_params(params, frozen)
     return {"step": jnp.zeros((), jnp.int32), "params": params,
-            "opt_state": optimizer.init(params), "rng": jax.random.PRNGKey(seed)}
+            "opt_state": optimizer.init(trained), "rng": jax.random.PRNGKey(seed)}
   params = jax.device_put(params, shardings["params"])
   return jax.jit(init, out_shardings=shardings)(params)
 
@@ -126,24 +176,25 @@ def build_train_step(parts: ModelParts, loss: Any, optimizer: optax.GradientTran
       into microbatches and each microbatch evenly over the data-parallel devices.
     load_balancing_coef: weight of the MoE load-balancing loss added to the objective.
     donate: donate the old state's buffers to the new state.
-    frozen: parameter path prefixes that are not trained (OptimizerConfig.frozen): the loss
-      sees them through stop_gradient, so no gradient is computed for them or through them
-      (a frozen vision tower costs its forward pass only).
+    frozen: parameter path prefixes that are not trained (optimizer.frozen_prefixes; the same
+      as state_shardings' and init_train_state's): the gradient is taken with respect to the
+      other params only and the frozen ones enter the loss as constants, so nothing is
+      differentiated through them (a frozen vision tower, or the layers below the trained top
+      of a partial fine-tune, cost their forward pass only).
   Returns:
     The step function. metrics holds "loss" (the objective without the load-balancing term),
-    "total_loss", "grad_norm" (before clipping), "learning_rate", "tokens" (sum of loss weights),
+    "total_loss", "grad_norm" (of the trained params, before clipping), "learning_rate",
+    "tokens" (sum of loss weights),
     the loss's own metrics, and for MoE models "moe/load_balancing_loss" and
     "moe/expert_load" [layers, experts] with its max and min relative to a uniform load.
   """
   if microbatches < 1:
     raise TrainError(f"microbatches must be >= 1; saw {microbatches}")
 
-  mask = frozen_mask(parts.pure_params(), frozen) if frozen else None
+  partition_params(parts.pure_params(), frozen)   # a prefix naming nothing fails here
 
-  def micro_loss(params, micro, normalizer):
-    if mask is not None:
-      params = jax.tree.map(lambda p, f: jax.lax.stop_gradient(p) if f else p, params, mask)
-    model = parts.merge(params)
+  def micro_loss(trained, held, micro, normalizer):
+    model = parts.merge(merge_params(trained, held))
     value, metrics, aux = loss(model, micro, normalizer)
     total = value
     if "load_balancing_loss" in aux:
@@ -154,12 +205,12 @@ def build_train_step(parts: ModelParts, loss: Any, optimizer: optax.GradientTran
 
   def step(state, batch):
     normalizer = loss.normalizer(batch)
-    params = state["params"]
+    params, held = partition_params(state["params"], frozen)
     micro_batches = _split_microbatches(batch, microbatches)
 
     def accumulate(carry, micro):
       grads_sum, total_sum = carry
-      (total, (value, metrics, aux)), grads = grad_fn(params, micro, normalizer)
+      (total, (value, metrics, aux)), grads = grad_fn(params, held, micro, normalizer)
       grads_sum = jax.tree.map(jnp.add, grads_sum, grads)
       return (grads_sum, total_sum + total), (value, metrics, aux)
 
@@ -167,7 +218,7 @@ def build_train_step(parts: ModelParts, loss: Any, optimizer: optax.GradientTran
     (grads, total), (values, metrics, aux) = jax.lax.scan(
         accumulate, (zeros, jnp.zeros((), jnp.float32)), micro_batches)
     updates, opt_state = optimizer.update(grads, state["opt_state"], params)
-    new_params = optax.apply_updates(params, updates)
+    new_params = merge_params(optax.apply_updates(params, updates), held)
     out = {name: jnp.mean(value, axis=0) for name, value in metrics.items()}
     out.update(loss=jnp.sum(values), total_loss=total, grad_norm=optax.global_norm(grads),
                learning_rate=jnp.asarray(schedule(state["step"]), jnp.float32),

@@ -24,7 +24,8 @@ from orchard_jax.train import step as step_lib
 from orchard_jax.train.errors import TrainError
 from orchard_jax.train.metrics import MetricsWriter, ProgressBar
 from orchard_jax.train.multimodal import IMAGE_KEYS
-from orchard_jax.train.optimizer import OptimizerConfig, learning_rate_schedule, make_optimizer
+from orchard_jax.train.optimizer import (OptimizerConfig, frozen_prefixes, learning_rate_schedule,
+                                         make_optimizer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +78,9 @@ class Trainer:
     mesh: the device mesh (parallel.make_mesh; default: all devices data-parallel). Params are
       laid out by their logical axis names under the current rules, whatever devices they
       live on when passed in.
-  On entry the latest checkpoint in workdir/checkpoints is restored if there is one.
+  On entry the latest checkpoint in workdir/checkpoints is restored if there is one. With frozen
+  parameters (config.optimizer.frozen / train_last_layers; `frozen` holds the resolved prefixes)
+  the checkpoint still holds every parameter; its optimiser state covers the trained ones.
   """
 
   def __init__(self, model, loss, config: TrainerConfig, *, mesh: Optional[Mesh] = None):
@@ -93,17 +96,20 @@ class Trainer:
     self.schedule = learning_rate_schedule(opt_config)
     self.optimizer = make_optimizer(opt_config)
     params = self.parts.pure_params()
+    self.frozen = frozen_prefixes(opt_config, params)
     self.shardings = step_lib.state_shardings(self.optimizer, params, self.mesh,
-                                              self.parts.param_shardings(self.mesh))
+                                              self.parts.param_shardings(self.mesh),
+                                              frozen=self.frozen)
     self._abstract_state = jax.eval_shape(
         lambda p: {"step": jax.numpy.zeros((), jax.numpy.int32), "params": p,
-                   "opt_state": self.optimizer.init(p), "rng": jax.random.PRNGKey(0)}, params)
+                   "opt_state": self.optimizer.init(step_lib.partition_params(p, self.frozen)[0]),
+                   "rng": jax.random.PRNGKey(0)}, params)
     self._abstract_state = ckpt.abstract_like(self._abstract_state, self.shardings)
     self._initial_params = params
     self._step_fn = step_lib.build_train_step(
         self.parts, loss, self.optimizer, self.schedule, mesh=self.mesh,
         shardings=self.shardings, microbatches=config.microbatches,
-        load_balancing_coef=config.load_balancing_coef, frozen=opt_config.frozen)
+        load_balancing_coef=config.load_balancing_coef, frozen=self.frozen)
     self._eval_fn = step_lib.build_eval_step(self.parts, loss, mesh=self.mesh,
                                              param_shardings=self.shardings["params"])
     self.checkpoints = ckpt.Checkpointer(f"{config.workdir}/checkpoints",
@@ -129,7 +135,8 @@ class Trainer:
     latest = self.checkpoints.latest_step()
     if latest is None:
       self.state = step_lib.init_train_state(self.optimizer, self._initial_params,
-                                             seed=self.config.seed, shardings=self.shardings)
+                                             seed=self.config.seed, shardings=self.shardings,
+                                             frozen=self.frozen)
       return
     self.state, self.meta = self.checkpoints.restore(self._abstract_state, step=latest)
     self.restored_step = latest
@@ -230,25 +237,37 @@ class Trainer:
     return out
 
   def fit(self, batch_for_step: Callable[[int], Mapping[str, Any]], *,
-          eval_fn: Optional[Callable[["Trainer"], Mapping[str, float]]] = None) -> dict:
-    """Trains from the current step to total_steps.
+          eval_fn: Optional[Callable[["Trainer"], Mapping[str, float]]] = None,
+          stop_loss: float = 0.0) -> dict:
+    """Trains from the current step to total_steps, or until the loss falls below stop_loss.
 
     Args:
       batch_for_step: step index (0-based, the number of updates already taken) -> batch.
       eval_fn: called with the trainer every eval_every steps and at the end; its metrics are
         logged with an "eval/" prefix.
+      stop_loss: early stopping on the training loss: > 0 ends the run after the first step
+        whose loss is below it (recorded in the checkpoint's meta as "stopped_at", so a
+        resumed run does not train on); 0 trains every step.
     Returns:
-      The last step's metrics (with the final eval metrics).
+      The last step's metrics (with the final eval metrics; "stopped_at" when stopped early).
     """
     last: dict = {}
-    while self.step < self.config.total_steps:
+    stopped = self.meta.get("stopped_at")
+    while stopped is None and self.step < self.config.total_steps:
       last = self.train_step(batch_for_step(self.step))
       step = self.step
+      if stop_loss > 0 and last["loss"] < stop_loss and step < self.config.total_steps:
+        stopped = self.meta["stopped_at"] = step
+        logging.info("loss %.5f < stop_loss %g at step %d of %d: stopping", last["loss"],
+                     stop_loss, step, self.config.total_steps)
+        break
       if eval_fn is not None and self.config.eval_every and step % self.config.eval_every == 0 \
           and step < self.config.total_steps:
         self._log_eval(step, eval_fn)
     if eval_fn is not None:
       last.update(self._log_eval(self.step, eval_fn))
+    if stopped is not None:
+      last["stopped_at"] = stopped
     self.save(force=True)
     return last
 

@@ -116,8 +116,9 @@ def _step(config, model, loss, mesh, frozen, microbatches):
                               schedule="constant", frozen=frozen)
   optimizer = train.make_optimizer(opt)
   params = parts.pure_params()
-  shardings = train.state_shardings(optimizer, params, mesh, parts.param_shardings(mesh))
-  state = train.init_train_state(optimizer, params, seed=0, shardings=shardings)
+  shardings = train.state_shardings(optimizer, params, mesh, parts.param_shardings(mesh),
+                                   frozen=frozen)
+  state = train.init_train_state(optimizer, params, seed=0, shardings=shardings, frozen=frozen)
   step = train.build_train_step(parts, loss, optimizer, train.learning_rate_schedule(opt),
                                 mesh=mesh, shardings=shardings, microbatches=microbatches,
                                 donate=False, frozen=frozen)
