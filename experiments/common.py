@@ -157,7 +157,10 @@ def rl_base(preset="tiny"):
       batch_size=128 if big else 2, seq_len=65536 if big else 2560,
       microbatches=1 if big else 2,  # rows per microbatch = batch_size / microbatches / devices
       lr=1e-5 if big else 3e-3, end_lr=1e-6 if big else 3e-4, warmup_steps=10 if big else 5,
-      weight_decay=0.1 if big else 0.0, max_grad_norm=1.0, chunk_size=1024, save_every=200))
+      weight_decay=0.1 if big else 0.0, max_grad_norm=1.0, chunk_size=1024, save_every=200,
+      train_last_layers=0,           # > 0: partial fine-tuning, only the top this many decoder
+                                     # layers + final norm + LM head (train.OptimizerConfig)
+      stop_loss=0.0))                # > 0: stop at the first step whose loss is below it
   c.annotator = _endpoint("")        # the domain's credit annotator (kind: the domain's names)
   c.rl = ml_collections.ConfigDict(dict(
       iterations=100 if big else 6,
@@ -170,7 +173,8 @@ def rl_base(preset="tiny"):
       rpr_alpha=0.5,
       lr=1e-6 if big else 3e-5, end_lr=1e-7 if big else 3e-5,
       schedule="cosine" if big else "constant", warmup_steps=0, weight_decay=0.0,
-      max_grad_norm=1.0, eps_low=0.2, eps_high=0.28, aggregation="token_mean",
+      max_grad_norm=1.0, train_last_layers=0,  # as sft.train_last_layers
+      eps_low=0.2, eps_high=0.28, aggregation="token_mean",
       entropy_coef=1e-4, kl_coef=0.0, tis_cap=0.0,   # 0 = off
       batch_size=64 if big else 4,   # rows per update
       seq_len=65536 if big else 2560, microbatches=1 if big else 4,

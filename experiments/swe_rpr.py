@@ -43,5 +43,7 @@ def get_config(preset="tiny"):
         "tasks.train_tasks": 1, "sft.batch_size": 1, "sft.microbatches": 1,
         "eval.baseline": False, "rl.final_eval": False, "rl.iterations": 1,
         "rl.prompts_per_iteration": 1, "rl.bar.max_rollouts": 4, "rl.bar.stride": 4,
-        "rl.batch_size": 2, "rl.microbatches": 2})
+        "rl.batch_size": 2, "rl.microbatches": 2,
+        "sft.train_last_layers": 1, "sft.epochs": 100, "sft.stop_loss": 0.01, "sft.lr": 1e-2,
+        "sft.end_lr": 1e-3, "sft.warmup_steps": 3, "rl.train_last_layers": 1})
   return config

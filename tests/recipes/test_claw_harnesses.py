@@ -85,6 +85,11 @@ def test_react_and_codex_rollouts_train_through_the_same_path(tmp_path):
   with TrajectoryStore(str(tmp_path / "store")) as store:
     data = grpo.group_sequences([group], store, num_groups=1)
   assert data.stats["groups/trained"] == 1 and data.stats["groups/unusable_records"] == 0
+  # the iteration's printout names where its rows came from: two sessions, one per wire
+  assert data.stats["train/sessions"] == 2
+  assert {k for k in data.stats if k.startswith("train/calls/")} == {
+      "train/calls/chat_completions", "train/calls/responses"}
+  assert "from 2 sessions' recorded calls: chat_completions" in grpo._sources(data.stats)
   by_session = {}
   for s in data.sequences:
     by_session.setdefault(s.metadata["session_id"], []).append(s)

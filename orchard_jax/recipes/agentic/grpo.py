@@ -49,7 +49,7 @@ def trainer_config(config, workdir: str, model_config) -> train.TrainerConfig:
       learning_rate=float(r.lr), end_learning_rate=float(r.end_lr),
       warmup_steps=int(r.warmup_steps), total_steps=total, schedule=r.schedule,
       weight_decay=float(r.weight_decay), max_grad_norm=float(r.max_grad_norm),
-      frozen=tuple(r.get("frozen", ())))
+      frozen=tuple(r.get("frozen", ())), train_last_layers=int(r.get("train_last_layers", 0)))
   return train.TrainerConfig(
       workdir=workdir, total_steps=total, optimizer=optimizer, microbatches=int(r.microbatches),
       load_balancing_coef=float(getattr(model_config, "router_aux_loss_coef", 0.0) or 0.0),
@@ -110,7 +110,7 @@ def group_sequences(groups: Sequence[PromptGroup], store, *, num_groups: int,
   kept, stats = rl.select_groups([g.assembly.rollouts for g in groups], num_groups,
                                  positive_is_resolved=positive_is_resolved)
   out_stats = {f"groups/{k}": v for k, v in stats.items()}
-  sequences, unusable = [], 0
+  sequences, unusable, wires = [], 0, {}
   for index in kept:
     group = groups[index].group
     rewards = np.asarray([r.reward for r in group], np.float32)
@@ -124,6 +124,10 @@ def group_sequences(groups: Sequence[PromptGroup], store, *, num_groups: int,
       _log.warning("group %d dropped: %s", index, error)
       unusable += 1
       continue
+    for rollout in group:
+      for call in store.model_calls(rollout.session_id):
+        wire = str((call.metadata or {}).get("wire") or "chat_completions")   # older records
+        wires[wire] = wires.get(wire, 0) + 1
     for rollout, seqs, advantage in zip(group, per_rollout, advantages):
       for s in seqs:
         s = s.with_advantage(float(advantage))
@@ -132,6 +136,8 @@ def group_sequences(groups: Sequence[PromptGroup], store, *, num_groups: int,
         sequences.append(s)
   out_stats["groups/unusable_records"] = unusable
   out_stats["groups/trained"] = len(kept) - unusable
+  out_stats["train/sessions"] = len({s.metadata["session_id"] for s in sequences})
+  out_stats.update({f"train/calls/{wire}": n for wire, n in sorted(wires.items())})
   return IterationData(sequences, out_stats)
 
 
@@ -165,13 +171,19 @@ def add_teacher_logprobs(sequences: list, teacher) -> list:
 def pack_updates(sequences: list, config, *, data_parallel_size: int, seed: int,
                  images=None) -> tuple[list[dict], dict]:
   """Fixed-shape batches for one iteration's updates (at most rl.max_updates_per_iteration;
-  sequences beyond are counted as over capacity, longer ones truncated and counted). With a
-  vision-language policy's `images` (images.PolicyImages) the batches carry their rows'
-  images."""
+  sequences beyond are counted as over capacity, longer ones truncated and counted). Rows are
+  [rl.batch_size, L] with L the longest sequence rounded up to rl.chunk_size, at most
+  rl.seq_len: a context raised for long prompts (an external harness's 8-16k-token ones, to
+  24576) then pads no row to it, as attention's cost grows with the row length squared (a
+  new L compiles the train step once more). With a vision-language policy's `images`
+  (images.PolicyImages) the batches carry their rows' images."""
   r = config.rl
   if not sequences:
     return [], {"packing/sequences": 0}
-  packed = data.pack_sequences(sequences, batch_size=int(r.batch_size), seq_len=int(r.seq_len),
+  chunk = max(1, int(r.chunk_size))
+  longest = max(len(s.input_ids) for s in sequences)
+  seq_len = min(int(r.seq_len), -(-longest // chunk) * chunk)
+  packed = data.pack_sequences(sequences, batch_size=int(r.batch_size), seq_len=seq_len,
                                data_parallel_size=data_parallel_size, overflow="truncate",
                                seed=seed, **(images.pack_kwargs() if images else {}))
   batches = images.add(packed) if images else packed.batches
@@ -190,9 +202,19 @@ def summary_line(iteration: int, total: int, stats: dict) -> str:
           f"{stats['bar/ranked']} pos.frac {stats['bar/positive_fraction']:.2f}  "
           f"groups dropped {stats['groups/dropped']} (aborted {stats['groups/dropped_aborted']},"
           f" zero-std {stats['groups/dropped_zero_reward_std']}, no-resolved "
-          f"{stats['groups/dropped_no_positive']})  tokens trained {stats['train/tokens']}  "
-          f"time rollout {stats['time/rollout_s']:.0f}s judge {stats['time/judge_s']:.0f}s "
-          f"train {stats['time/train_s']:.0f}s")
+          f"{stats['groups/dropped_no_positive']})  tokens trained {stats['train/tokens']}"
+          f"{_sources(stats)}  time rollout {stats['time/rollout_s']:.0f}s judge "
+          f"{stats['time/judge_s']:.0f}s train {stats['time/train_s']:.0f}s")
+
+
+def _sources(stats: dict) -> str:
+  """Where the trained rows came from: " (from S sessions' recorded calls: W N, ...)", the
+  proxy wire each call was served on (chat / responses / messages), or "" when none."""
+  wires = {k.split("/", 2)[2]: v for k, v in stats.items() if k.startswith("train/calls/")}
+  if not wires:
+    return ""
+  calls = ", ".join(f"{wire} {n}" for wire, n in sorted(wires.items()))
+  return f" (from {stats.get('train/sessions', 0)} sessions' recorded calls: {calls})"
 
 
 def iteration_stats(groups: Sequence[PromptGroup]) -> dict:
@@ -241,13 +263,17 @@ def broadcast_batches(batches: list[dict], *, keys: Sequence[str], shape: tuple[
   Args:
     batches: process 0's batches (ignored elsewhere).
     keys: the batch keys (fixed by the loss: the same on every process).
-    shape: [batch, seq] of every array (fixed by the config).
+    shape: [batch, seq] of every array at most (rl.batch_size, rl.seq_len); process 0's row
+      length (pack_updates) is broadcast with the batch count.
   """
   import jax
   if jax.process_count() == 1:
     return batches
   from jax.experimental import multihost_utils
-  count = int(multihost_utils.broadcast_one_to_all(np.int32(len(batches))))
+  header = np.asarray([len(batches), batches[0]["input_ids"].shape[1] if batches else shape[1]],
+                      np.int32)
+  count, seq = (int(x) for x in multihost_utils.broadcast_one_to_all(header))
+  shape = (shape[0], seq)
   ints = ("input_ids", "positions", "segment_ids")
   out = []
   for i in range(count):

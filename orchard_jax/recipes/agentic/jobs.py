@@ -44,6 +44,13 @@ def sft_data(run: RunContext, train_tasks, env, model_config=None) -> tuple:
       image_tokens=images.image_tokens if images else None), images
 
 
+def _partial_scope(block) -> str:
+  """What a partial fine-tune trains (block.train_last_layers > 0), or "" (every parameter)."""
+  n = int(block.get("train_last_layers", 0) or 0)
+  return (f"the top {n} decoder layer{'s' if n > 1 else ''}, the final norm and the LM head "
+          "(embedding and lower layers frozen)") if n else ""
+
+
 def stage_sft(run: RunContext, model, train_tasks, env):
   """Warm start: credit-assignment SFT into <run>/sft; returns (trained model, data stats)."""
   data, images = sft_data(run, train_tasks, env, model.config)
@@ -52,8 +59,12 @@ def stage_sft(run: RunContext, model, train_tasks, env):
                                    workdir=os.path.join(run.dir, "sft"),
                                    seed=int(run.config.seed),
                                    progress=bool(run.config.progress), images=images)
-  print(f"SFT done: {metrics['steps']} steps over {metrics['batches']} batches, final loss "
-        f"{metrics.get('loss', float('nan')):.4f}", flush=True)
+  stopped = (f" (of at most {metrics['max_steps']}: loss below sft.stop_loss "
+             f"{float(run.config.sft.get('stop_loss', 0.0))})" if "stopped_at" in metrics else "")
+  print(f"SFT done: {metrics['steps']} steps{stopped} over {metrics['batches']} batches, final "
+        f"loss {metrics.get('loss', float('nan')):.4f}"
+        + (f"; trained {_partial_scope(run.config.sft)}" if _partial_scope(run.config.sft)
+           else ""), flush=True)
   return model, data.stats
 
 
@@ -205,6 +216,8 @@ def train_rl(config: ConfigDict, domain: Domain) -> dict:
         teacher = (stack.enter_context(teachers.opd_teacher(c, run.tokenizer, run.mesh))
                    if c.opd.mode != "none" else None)
         start_iteration = int(trainer.meta.get("iteration", 0))
+        if _partial_scope(c.rl):
+          print(f"RL updates train {_partial_scope(c.rl)}", flush=True)
         if trainer.restored_step is not None:
           service.sync_weights(trainer.model(), version=trainer.step)
           print(f"resumed at iteration {start_iteration} (step {trainer.step})", flush=True)

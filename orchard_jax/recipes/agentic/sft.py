@@ -171,7 +171,10 @@ def fit_sft(model, sequences: Sequence, sft_config, *, mesh, workdir: str, seed:
   Rows are no longer than the longest sequence needs (rounded up to sft.chunk_size): a
   sequence length raised for long prompts (an external harness's) then pads no row to it.
   A vision-language policy's `images` (images.PolicyImages) put the rows' images beside the
-  batches; sft.frozen names parameters not trained (e.g. ("visual",): the vision tower).
+  batches; sft.frozen names parameters not trained (e.g. ("visual",): the vision tower), and
+  sft.train_last_layers > 0 trains only the top decoder layers, final norm and LM head
+  (train.OptimizerConfig.train_last_layers); sft.stop_loss > 0 ends the SFT at the first step
+  whose loss is below it (early stopping; metrics["stopped_at"]).
 
   Raises:
     train.TrainError: no sequence to train on.
@@ -194,7 +197,8 @@ def fit_sft(model, sequences: Sequence, sft_config, *, mesh, workdir: str, seed:
       learning_rate=float(sft_config.lr), end_learning_rate=float(sft_config.end_lr),
       warmup_steps=int(sft_config.warmup_steps), total_steps=total, schedule="cosine",
       weight_decay=float(sft_config.weight_decay), max_grad_norm=float(sft_config.max_grad_norm),
-      frozen=tuple(sft_config.get("frozen", ())))
+      frozen=tuple(sft_config.get("frozen", ())),
+      train_last_layers=int(sft_config.get("train_last_layers", 0)))
   trainer_config = train.TrainerConfig(
       workdir=workdir, total_steps=total, optimizer=optimizer,
       microbatches=int(sft_config.microbatches),
@@ -211,6 +215,6 @@ def fit_sft(model, sequences: Sequence, sft_config, *, mesh, workdir: str, seed:
                      mesh=mesh) as trainer:
     if trainer.restored_step is None:
       trainer.metrics.write(0, packed.stats.as_dict("sft/packing/"))
-    last = trainer.fit(batch_for_step)
-    return trainer.model(), {**last, "steps": total, "batches": len(batches),
-                             **packed.stats.as_dict("packing/")}
+    last = trainer.fit(batch_for_step, stop_loss=float(sft_config.get("stop_loss", 0.0) or 0.0))
+    return trainer.model(), {**last, "steps": trainer.step, "max_steps": total,
+                             "batches": len(batches), **packed.stats.as_dict("packing/")}
