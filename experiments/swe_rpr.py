@@ -35,15 +35,18 @@ def get_config(preset="tiny"):
     # through the CLI end to end: one task (its gold edit played through the CLI is the SFT
     # seed, one row), one iteration of one group of 4 rollouts launched together, two rows per
     # update, and no evaluation of the start or the final policy (64 CLI episodes each).
-    # Fields set on the command line are kept. SFT keeps its 125 epochs: the policy must
-    # resolve the task in some rollouts or the group filter drops the group. Measured with
-    # codex (a ~9k-token row, nice 10 at load 12-25 on 2 cores): ~100 s per SFT step after a
-    # 5-minute first step, loss 9.03 -> 4.18 in 13 steps; the whole run takes hours there.
+    # Fields set on the command line are kept. SFT keeps its 125 full-model epochs: the policy
+    # must resolve the task in some rollouts or the group filter drops the group. Measured with
+    # codex (one 8,771-token row, 256 loss tokens; nice 10, load 5-9 on 2 cores): playing the
+    # seed through the CLI takes ~3 s; partial fine-tuning (sft.train_last_layers) cuts a step
+    # to 12-25 s (first step 40-78 s with compilation) but does not learn the row: the top 1
+    # layer at 1e-2 fell 9.03 -> 4.75 in 5 steps and crawled to 4.54 by step 21 (the row's
+    # unigram level), at 3e-3 and with the top 2 layers it sat at 4.55-4.65 over steps 6-15,
+    # and at 5e-2 it diverged (4.79 -> 6.21 by step 7). Earlier, full-model SFT took ~100 s a
+    # step at load 12-25 (loss 9.03 -> 4.18 in 13 steps), so the run takes hours there.
     config.agent.cli_overrides = common.cli_harness_overrides(config, {
         "tasks.train_tasks": 1, "sft.batch_size": 1, "sft.microbatches": 1,
         "eval.baseline": False, "rl.final_eval": False, "rl.iterations": 1,
         "rl.prompts_per_iteration": 1, "rl.bar.max_rollouts": 4, "rl.bar.stride": 4,
-        "rl.batch_size": 2, "rl.microbatches": 2,
-        "sft.train_last_layers": 1, "sft.epochs": 100, "sft.stop_loss": 0.01, "sft.lr": 1e-2,
-        "sft.end_lr": 1e-3, "sft.warmup_steps": 3, "rl.train_last_layers": 1})
+        "rl.batch_size": 2, "rl.microbatches": 2})
   return config
