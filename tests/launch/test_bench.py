@@ -64,3 +64,20 @@ def test_profile_and_cases_are_refused_for_suites_that_ignore_them():
                           timeout=120)
   assert result.returncode == 2
   assert "--profile and --cases apply to --suite model" in result.stderr
+
+
+def test_env_bench_phases_wait_for_network_namespace_teardown(monkeypatch):
+  """launch/benchmarks/env.py's _settle: a phase starts after 5 looks in a row (50 ms apart)
+  saw no kernel worker tearing down network namespaces, or after its limit."""
+  from launch.benchmarks import env as env_bench
+  assert env_bench._netns_teardown_running() in (True, False)   # reads this machine's /proc
+  looks = iter([True, True, False, True] + [False] * 100)
+  seen = []
+  monkeypatch.setattr(env_bench, "_netns_teardown_running", lambda: seen.append(1) or next(looks))
+  monkeypatch.setattr(env_bench.time, "sleep", lambda s: None)
+  env_bench._settle("a phase")
+  assert len(seen) == 4 + 5   # three busy looks, the last one after a quiet look, then 5 quiet
+  clock = iter(range(1000))
+  monkeypatch.setattr(env_bench.time, "monotonic", lambda: next(clock) * 0.05)
+  monkeypatch.setattr(env_bench, "_netns_teardown_running", lambda: True)
+  assert 1.0 <= env_bench._settle("a phase", limit=1.0) < 1.2   # never quiet: stops at the limit
