@@ -190,6 +190,14 @@ def blocked_dispatch(x: jax.Array, weights: jax.Array, indices: jax.Array, valid
   one [block, hidden] x [hidden, mlp] SwiGLU per block with that expert's weights (2-D
   matmuls, fast on XLA:CPU). Padding is at most experts * block rows whatever the routing
   imbalance, and no assignment is ever dropped. Shapes as sort_dispatch.
+
+  Memory: the backward pass keeps per block only the gate and up projections ([block, mlp]
+  each). The block's input rows are gathered from x inside the scan step, so the backward
+  gathers them again instead of storing the [rows, hidden] dispatch buffer, and the routing
+  weight scales each row before the down projection, p (h W_down) = (p h) W_down, so its
+  gradient needs h (recomputed from the gate and up projections) rather than the expert
+  outputs. At the `small` preset (4 x 1024 tokens, 16 experts, top-4) that is 75 MB per layer
+  less than storing the buffer and the gathered outputs, and no extra matmul.
   """
   b, s, d = x.shape
   k = indices.shape[-1]
@@ -205,28 +213,37 @@ def blocked_dispatch(x: jax.Array, weights: jax.Array, indices: jax.Array, valid
   row_expert = jnp.minimum(jnp.searchsorted(padded_end, rows, side="right"), e - 1)
   offset = rows - padded_start[row_expert]
   filled = (offset < counts[row_expert]) & (rows < padded_end[-1])
-  sorted_pos = jnp.clip(starts[row_expert] + offset, 0, n - 1)
-  token = jnp.take(order, sorted_pos) // k
-  buf = jnp.take(x.reshape(b * s, d), token, axis=0) * filled[:, None].astype(x.dtype)
+  assignment = jnp.take(order, jnp.clip(starts[row_expert] + offset, 0, n - 1))
+  token = (assignment // k).reshape(num_blocks, block)
+  # Padding rows run on some token's input with weight 0, so their outputs are exactly 0.
+  row_weight = jnp.where(filled, jnp.take(weights.reshape(n), assignment), 0.0)
+  row_weight = row_weight.astype(x.dtype).reshape(num_blocks, block)
   block_expert = row_expert[::block]
+  x_flat = x.reshape(b * s, d)
 
   # Save only the matmul outputs for the backward pass: without the policy the scan would
-  # keep every block's [hidden, mlp] weight slices (3 x blocks x hidden x mlp floats).
+  # keep every block's [hidden, mlp] weight slices (3 x blocks x hidden x mlp floats) and its
+  # gathered input rows.
   @functools.partial(jax.checkpoint,
                      policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
   def step(carry, inputs):
-    xb, ex = inputs
-    return carry, _swiglu(xb, w_gate[ex], w_up[ex], w_down[ex])
+    tok, wr, ex = inputs
+    xb = jnp.take(x_flat, tok, axis=0)
+    h = jax.nn.silu(xb @ w_gate[ex]) * (xb @ w_up[ex]) * wr[:, None]
+    return carry, h @ w_down[ex]
 
-  _, out = jax.lax.scan(step, None, (buf.reshape(num_blocks, block, d), block_expert))
+  _, out = jax.lax.scan(step, None, (token, row_weight, block_expert))
   out = out.reshape(num_blocks * block, d)
   # Assignment i (original order) sits at sorted position inverse[i], padded row dest.
   inverse = jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
+  # Padding tokens read the last row, which is always a padding row (the padded rows end at
+  # most at n + e (block - 1) <= num_blocks * block - e), so their output is 0.
   expert_of = jnp.where(valid[:, :, None], indices, 0).reshape(n)
   dest = padded_start[expert_of] + inverse - starts[expert_of]
-  y = jnp.take(out, jnp.clip(dest, 0, num_blocks * block - 1), axis=0).reshape(b, s, k, d)
-  w = jnp.where(valid[:, :, None], weights, 0.0).astype(y.dtype)
-  return jnp.einsum("bskd,bsk->bsd", y, w)
+  dest = jnp.where(jnp.broadcast_to(valid[:, :, None], (b, s, k)).reshape(n), dest,
+                   num_blocks * block - 1)
+  y = jnp.take(out, dest, axis=0).reshape(b, s, k, d)
+  return jnp.sum(y, axis=2)
 
 
 def ragged_dispatch(x: jax.Array, weights: jax.Array, indices: jax.Array, valid: jax.Array,
