@@ -8,6 +8,7 @@ metadata of its nnx.Param (not flax's `out_sharding`, which nnx.eval_shape would
 resolve against whatever mesh is active). models.hf converts to and from transformers'
 [out, in] matrices.
 """
+import functools
 from typing import Callable, Optional, Sequence
 
 import jax
@@ -63,11 +64,22 @@ class RMSNorm(nnx.Module):
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """x [..., dim] -> [..., dim] in x's dtype."""
-    h = x.astype(jnp.float32)
-    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
-    w = self.weight[...].astype(jnp.float32)
-    scale = 1.0 + w if self.zero_centered else w
-    return (h * scale).astype(x.dtype)
+    return rms_norm(x, self.weight[...], self.eps, self.zero_centered)
+
+
+@functools.partial(jax.checkpoint, static_argnums=(2, 3))
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, zero_centered: bool) -> jax.Array:
+  """RMSNorm (RMSNorm.__call__'s formula) of x [..., dim] with weight [dim], in x's dtype.
+
+  Recomputed in the backward pass (jax.checkpoint): its backward then keeps only x, which the
+  layer's residual stream or projection keeps anyway, instead of also a float32 normalised
+  copy of x (one activation-sized array per norm; four per decoder layer).
+  """
+  h = x.astype(jnp.float32)
+  h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps)
+  w = weight.astype(jnp.float32)
+  scale = 1.0 + w if zero_centered else w
+  return (h * scale).astype(x.dtype)
 
 
 class LayerNorm(nnx.Module):
@@ -165,10 +177,20 @@ class MLP(nnx.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """x [..., hidden] -> [..., hidden]."""
     dt = self.dtype
-    x = x.astype(dt)
-    g = x @ self.gate_proj[...].astype(dt)
-    u = x @ self.up_proj[...].astype(dt)
-    h = jax.nn.silu(g) * u
-    if h.ndim == 3:
-      h = constrain(h, ("batch", "seq", "mlp"))
-    return h @ self.down_proj[...].astype(dt)
+    return swiglu(x.astype(dt), self.gate_proj[...].astype(dt), self.up_proj[...].astype(dt),
+                  self.down_proj[...].astype(dt))
+
+
+@functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+  """down(silu(x @ gate) * (x @ up)): x [..., hidden], w_gate and w_up [hidden, mlp], w_down
+  [mlp, hidden] -> [..., hidden].
+
+  The backward pass keeps the two projections x @ gate and x @ up (jax.checkpoint saving
+  matmul outputs only) and recomputes the activation from them, instead of also keeping
+  silu's intermediates and the product (up to three more [..., mlp] arrays).
+  """
+  h = jax.nn.silu(x @ w_gate) * (x @ w_up)
+  if h.ndim == 3:
+    h = constrain(h, ("batch", "seq", "mlp"))
+  return h @ w_down
