@@ -18,6 +18,7 @@ read the carried state. Padding tokens (segment id 0) are no-ops (beta = 0, g = 
 state after a padded row equals the state after its last real token. Single-token decode uses
 the recurrent form directly.
 """
+import functools
 from typing import Optional
 
 import jax
@@ -78,6 +79,30 @@ def causal_conv(x: jax.Array, weight: jax.Array, runs: jax.Array, history: int) 
   return out
 
 
+@functools.partial(jax.checkpoint, static_argnums=(3,))
+def conv_silu(x: jax.Array, weight: jax.Array, runs: jax.Array, history: int) -> jax.Array:
+  """silu(causal_conv(x, weight, runs, history)) in float32; arguments as causal_conv.
+
+  Recomputed in the backward pass (jax.checkpoint): it keeps only its input, instead of each
+  tap's masked shifted copy of x and silu's intermediates (about six [batch, seq, channels]
+  float32 arrays per layer), for a few elementwise passes over x.
+  """
+  return jax.nn.silu(causal_conv(x, weight, runs, history))
+
+
+@functools.partial(jax.checkpoint, static_argnums=(3,))
+def gated_rms_norm(o: jax.Array, z: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  """Gated RMSNorm (transformers' Qwen3_5MoeRMSNormGated): RMSNorm of o over its last axis,
+  scaled by weight, times silu(z); o, z [..., value_dim], weight [value_dim] -> float32.
+
+  Recomputed in the backward pass (jax.checkpoint): it keeps o and z, which the delta rule
+  and the z projection keep anyway, instead of the normalised o, silu(z) and their products.
+  """
+  o = o.astype(jnp.float32)
+  o = o * jax.lax.rsqrt(jnp.mean(o * o, axis=-1, keepdims=True) + eps)
+  return o * weight.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))
+
+
 def delta_rule_recurrent(q, k, v, g, beta, state):
   """Reference per-token gated delta rule (lax.scan over time). Inputs as delta_rule_chunked,
   without segment handling (callers reset `state` themselves)."""
@@ -94,13 +119,21 @@ def delta_rule_recurrent(q, k, v, g, beta, state):
   return jnp.moveaxis(out, 0, 1), state
 
 
+@jax.custom_vjp
 def unit_lower_inverse(a: jax.Array) -> jax.Array:
   """(I + a)^-1 for strictly lower-triangular a [..., n, n], by recursive block inversion:
   [[A, 0], [C, B]]^-1 = [[A^-1, 0], [-B^-1 C A^-1, B^-1]], doubling the block size each step.
 
   Only batched matmuls (no LAPACK custom call, no loop), so it partitions cleanly under SPMD
   and is as accurate as forward substitution. n is padded to a power of two internally.
+  Only the strictly lower triangle of a is read. The gradient is the inverse's own, written
+  out (custom VJP): with B = (I + a)^-1, dB = -B da B, so da = -tril(B^T dB B^T, -1), from B
+  alone, where autodiff through the recursion would keep every level's blocks.
   """
+  return _unit_lower_inverse(a)
+
+
+def _unit_lower_inverse(a):
   n = a.shape[-1]
   size = 1 << max(0, (n - 1).bit_length())
   if size != n:
@@ -127,6 +160,21 @@ def unit_lower_inverse(a: jax.Array) -> jax.Array:
   return inv[..., :n, :n]
 
 
+def _unit_lower_inverse_fwd(a):
+  inv = _unit_lower_inverse(a)
+  return inv, inv
+
+
+def _unit_lower_inverse_bwd(inv, d_inv):
+  inv_t = jnp.swapaxes(inv, -1, -2)
+  da = -(inv_t @ d_inv @ inv_t)
+  n = inv.shape[-1]
+  return (jnp.where(jnp.tril(jnp.ones((n, n), bool), -1), da, jnp.zeros((), da.dtype)),)
+
+
+unit_lower_inverse.defvjp(_unit_lower_inverse_fwd, _unit_lower_inverse_bwd)
+
+
 def delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
                        runs: jax.Array, state: jax.Array, chunk: int
                        ) -> tuple[jax.Array, jax.Array]:
@@ -141,6 +189,13 @@ def delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, b
     chunk: chunk length C.
   Returns:
     o [batch, seq, heads, value_dim] float32 and the state after the last token.
+
+  Layout: chunks are laid out [n, batch, heads, C, ...] once, chunk index first, which is what
+  the scan over chunks reads, so no per-input relayout sits between the intra-chunk terms and
+  the scan. The intra-chunk terms (`_chunk_terms`) are recomputed in the backward pass from
+  q, k, v, g, beta: the scan keeps its inputs anyway, and the terms' own intermediates (decay
+  masks, the triangular solve's operands; about seven [batch, heads, seq, C] arrays per layer)
+  would otherwise be kept too.
   """
   b, t, h, dk = q.shape
   dv = v.shape[-1]
@@ -152,35 +207,13 @@ def delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, b
     runs = jnp.concatenate([runs, jnp.repeat(runs[:, -1:], pad, axis=1)], axis=1)
   n = (t + pad) // chunk
 
-  def chunks(a):   # [b, T, h, ...] -> [b, h, n, C, ...]
+  def chunks(a):   # [b, T, h, ...] -> [n, b, h, C, ...]
     a = a.reshape((b, n, chunk) + a.shape[2:])
-    return jnp.moveaxis(a, 3, 1)
+    return jnp.moveaxis(jnp.moveaxis(a, 1, 0), 3, 2)
 
   q, k, v, g, beta = map(chunks, (q, k, v, g, beta))
-  runs = runs.reshape(b, n, chunk)
-  prev_run = jnp.concatenate([runs[:, :1, 0], runs[:, :-1, -1]], axis=1)       # [b, n]
-  carry = (runs == prev_run[:, :, None]).astype(jnp.float32)[:, None]        # [b, 1, n, C]
-  same = (runs[:, :, :, None] == runs[:, :, None, :])[:, None]               # [b, 1, n, C, C]
-  idx = jnp.arange(chunk)
-  lower_incl = idx[:, None] >= idx[None, :]
-  lower_strict = idx[:, None] > idx[None, :]
-
-  gamma = jnp.cumsum(g, axis=-1)                                              # [b, h, n, C]
-  diff = gamma[..., :, None] - gamma[..., None, :]
-  decay = jnp.exp(jnp.where(same & lower_incl, diff, -jnp.inf))               # [b, h, n, C, C]
-  k_beta = k * beta[..., None]
-  a = jnp.einsum("bhnik,bhnjk->bhnij", k_beta, k) * decay
-  a = jnp.where(lower_strict, a, 0.0)
-  big_gamma = jnp.exp(gamma) * carry                                          # [b, h, n, C]
-  rhs = jnp.concatenate([v * beta[..., None], k_beta * big_gamma[..., None]], axis=-1)
-  solved = unit_lower_inverse(a) @ rhs
-  new_values, k_cumdecay = solved[..., :dv], solved[..., dv:]
-  attn = jnp.einsum("bhnik,bhnjk->bhnij", q, k) * decay
-  q_decayed = q * big_gamma[..., None]
-  last_same = same[..., -1, :].astype(jnp.float32)                           # [b, 1, n, C]
-  tail = jnp.exp(gamma[..., -1:] - gamma) * last_same                         # [b, h, n, C]
-  k_tail = k * tail[..., None]
-  chunk_decay = (jnp.exp(gamma[..., -1]) * carry[..., -1])                    # [b, h, n]
+  runs = jnp.moveaxis(runs.reshape(b, n, chunk), 1, 0)                       # [n, b, C]
+  xs = _chunk_terms(q, k, v, g, beta, runs)
 
   def step(s, xs):
     u, w, qd, at, kt, cd = xs
@@ -189,11 +222,42 @@ def delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, b
     s = s * cd[..., None, None] + jnp.einsum("bhjk,bhjv->bhkv", kt, v_new)
     return s, o
 
-  xs = tuple(jnp.moveaxis(a, 2, 0) for a in (new_values, k_cumdecay, q_decayed, attn, k_tail,
-                                              chunk_decay))
   state, out = jax.lax.scan(step, state, xs)                                  # [n, b, h, C, dv]
-  out = jnp.moveaxis(out, 0, 2).reshape(b, h, n * chunk, dv)[:, :, :t]
-  return jnp.moveaxis(out, 1, 2), state
+  out = out.transpose(1, 0, 3, 2, 4).reshape(b, n * chunk, h, dv)[:, :t]
+  return out, state
+
+
+@jax.checkpoint
+def _chunk_terms(q, k, v, g, beta, runs):
+  """The scan inputs of delta_rule_chunked from its chunked inputs ([n, b, h, C, ...]; runs
+  [n, b, C]): new values u, state weights w, decayed queries, intra-chunk attention, tail-
+  decayed keys [n, b, h, C, ...] and the chunk decay [n, b, h]."""
+  dv = v.shape[-1]
+  chunk = q.shape[3]
+  prev_run = jnp.concatenate([runs[:1, :, 0], runs[:-1, :, -1]], axis=0)     # [n, b]
+  carry = (runs == prev_run[:, :, None]).astype(jnp.float32)[:, :, None]     # [n, b, 1, C]
+  same = (runs[:, :, :, None] == runs[:, :, None, :])[:, :, None]            # [n, b, 1, C, C]
+  idx = jnp.arange(chunk)
+  lower_incl = idx[:, None] >= idx[None, :]
+  lower_strict = idx[:, None] > idx[None, :]
+
+  gamma = jnp.cumsum(g, axis=-1)                                              # [n, b, h, C]
+  diff = gamma[..., :, None] - gamma[..., None, :]
+  decay = jnp.exp(jnp.where(same & lower_incl, diff, -jnp.inf))               # [n, b, h, C, C]
+  k_beta = k * beta[..., None]
+  a = jnp.einsum("nbhik,nbhjk->nbhij", k_beta, k) * decay
+  a = jnp.where(lower_strict, a, 0.0)
+  big_gamma = jnp.exp(gamma) * carry                                          # [n, b, h, C]
+  rhs = jnp.concatenate([v * beta[..., None], k_beta * big_gamma[..., None]], axis=-1)
+  solved = unit_lower_inverse(a) @ rhs
+  new_values, k_cumdecay = solved[..., :dv], solved[..., dv:]
+  attn = jnp.einsum("nbhik,nbhjk->nbhij", q, k) * decay
+  q_decayed = q * big_gamma[..., None]
+  last_same = same[..., -1, :].astype(jnp.float32)                           # [n, b, 1, C]
+  tail = jnp.exp(gamma[..., -1:] - gamma) * last_same                         # [n, b, h, C]
+  k_tail = k * tail[..., None]
+  chunk_decay = (jnp.exp(gamma[..., -1]) * carry[..., -1])                    # [n, b, h]
+  return new_values, k_cumdecay, q_decayed, attn, k_tail, chunk_decay
 
 
 class GatedDeltaNet(nnx.Module):
@@ -272,15 +336,14 @@ class GatedDeltaNet(nnx.Module):
 
     if cache is None:
       runs = segment_runs(segment_ids)
-      conv_out = causal_conv(mixed, conv_w, runs, history=0)
+      conv_out = conv_silu(mixed, conv_w, runs, 0)
       state = jnp.zeros((b, nv, dk, dv), jnp.float32)
     else:
       runs = jnp.zeros((b, t), jnp.int32)
       history = ks - 1
       ext = jnp.concatenate([cache.conv.astype(mixed.dtype), mixed], axis=1)
-      conv_out = causal_conv(ext, conv_w, jnp.zeros((b, history + t), jnp.int32), history)
+      conv_out = conv_silu(ext, conv_w, jnp.zeros((b, history + t), jnp.int32), history)
       state = cache.recurrent
-    conv_out = jax.nn.silu(conv_out)
     q, k, v = jnp.split(conv_out, [nk * dk, 2 * nk * dk], axis=-1)
     q = l2_normalize(q.reshape(b, t, nk, dk)) * (dk ** -0.5)
     k = l2_normalize(k.reshape(b, t, nk, dk))
@@ -299,9 +362,7 @@ class GatedDeltaNet(nnx.Module):
     if cache is not None:
       new_cache = DeltaNetCache(conv=_last_inputs(ext, valid, ks - 1).astype(cache.conv.dtype),
                                 recurrent=state)
-    # Gated RMSNorm (transformers' Qwen3_5MoeRMSNormGated): norm, scale, then silu(z) gate.
-    o = o * jax.lax.rsqrt(jnp.mean(o * o, axis=-1, keepdims=True) + cfg.rms_norm_eps)
-    o = o * self.norm[...].astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))
+    o = gated_rms_norm(o, z, self.norm[...], cfg.rms_norm_eps)
     out = jnp.einsum("bthv,hvd->btd", o.astype(dt), self.out_proj[...].astype(dt))
     return out, new_cache
 

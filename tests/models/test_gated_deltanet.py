@@ -108,6 +108,50 @@ def test_chunked_and_recurrent_gradients_agree():
     np.testing.assert_allclose(a, b, atol=5e-5)
 
 
+def test_chunked_gradients_with_segments_and_padding_match_per_segment_recurrence():
+  # Row 0: segments [0, 7), [7, 16), padding, [18, 21); row 1: padding then [3, 21). T = 21
+  # with chunks of 8 also pads the last chunk.
+  q, k, v, g, beta, seg = _inputs(4)
+  args = tuple(map(jnp.asarray, _masked(q, k, v, g, beta, seg)))
+  valid = jnp.asarray(seg != 0)[..., None, None]
+  state0 = jnp.zeros((B, H, DK, DV))
+  spans = {0: [(0, 7), (7, 16), (18, 21)], 1: [(3, 21)]}
+
+  def loss_chunked(*a):
+    out, state = gdn.delta_rule_chunked(*a, gdn.segment_runs(jnp.asarray(seg)), state0, 8)
+    return jnp.sum(jnp.sin(out) * valid) + jnp.sum(state ** 2)
+
+  def loss_per_segment(*a):
+    total = 0.0
+    for row, pieces in spans.items():
+      for start, end in pieces:
+        out, state = gdn.delta_rule_recurrent(*(x[row:row + 1, start:end] for x in a),
+                                              state0[:1])
+        total = total + jnp.sum(jnp.sin(out))
+      total = total + jnp.sum(state ** 2)          # the state after the row's last segment
+    return total
+
+  np.testing.assert_allclose(loss_chunked(*args), loss_per_segment(*args), rtol=1e-5)
+  grads_c = jax.jit(jax.grad(loss_chunked, argnums=tuple(range(5))))(*args)
+  grads_r = jax.jit(jax.grad(loss_per_segment, argnums=tuple(range(5))))(*args)
+  for a, b in zip(grads_c, grads_r):
+    np.testing.assert_allclose(a, b, atol=5e-5)
+
+
+@pytest.mark.parametrize("n", [5, 16])
+def test_unit_lower_inverse_and_its_gradient_match_the_dense_inverse(n):
+  rng = np.random.default_rng(n)
+  a = jnp.asarray(np.tril(rng.normal(size=(3, n, n)) * 0.3, -1).astype(np.float32))
+  probe = jnp.asarray(rng.normal(size=(3, n, n)).astype(np.float32))
+  eye = jnp.eye(n, dtype=jnp.float32)
+  np.testing.assert_allclose(gdn.unit_lower_inverse(a), np.linalg.inv(np.eye(n) + a),
+                             atol=1e-5)
+  grad = jax.grad(lambda x: jnp.sum(gdn.unit_lower_inverse(x) * probe))(a)
+  # jnp.linalg.inv differentiated by JAX; the function reads only a's strictly lower part.
+  ref = jax.grad(lambda x: jnp.sum(jnp.linalg.inv(eye + jnp.tril(x, -1)) * probe))(a)
+  np.testing.assert_allclose(grad, ref, atol=1e-5)
+
+
 def test_segment_runs_and_conv_do_not_cross_segments():
   seg = np.array([[0, 1, 1, 2, 2, 0, 3, 3]], np.int32)
   runs = np.asarray(gdn.segment_runs(jnp.asarray(seg)))
