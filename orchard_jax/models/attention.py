@@ -91,7 +91,7 @@ def _attention_core(q, k, v, mask):
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
-                     block: int) -> jax.Array:
+                     block: int, recompute: bool = False) -> jax.Array:
   """Causal attention within segments, skipping key blocks that lie wholly in the future.
 
   Queries are split into blocks of `block` rows; query block i reads keys [0, (i + 1) block)
@@ -101,13 +101,17 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
   batched matmul with no transpose of a score-sized array. The backward pass is written out
   (custom VJP, the FlashAttention-2 equations, Dao 2023, section 3.1) from the saved
   probabilities: dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = dS K / sqrt(d),
-  dK = dS^T Q / sqrt(d); nothing else of score size is kept.
+  dK = dS^T Q / sqrt(d); nothing else of score size is kept. With `recompute` the
+  probabilities are not kept either: the backward pass recomputes each block's from q and k
+  (FlashAttention's choice): [batch, heads, seq, ~seq/2] floats less memory per layer for one
+  more QK^T matmul and softmax per block (the core's forward + backward from 6 to 7 matmuls).
 
   Args:
     q: [batch, seq, heads, head_dim].
     k, v: [batch, seq, kv_heads, head_dim] (q head h reads kv head h // (heads // kv_heads)).
     segment_ids: [batch, seq]; a query reads earlier keys of its own non-zero segment.
     block: query rows per block.
+    recompute: recompute the probabilities in the backward pass instead of storing them.
   Returns:
     [batch, seq, heads, head_dim] in q's dtype. Rows with no visible key (padding) get a
     uniform average (finite), never NaN.
@@ -118,7 +122,7 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
   qh = q.reshape(b, t, kvh, g, d).transpose(0, 2, 1, 3, 4)          # [b, kvh, t, g, d]
   kh = k.transpose(0, 2, 1, 3)                                         # [b, kvh, s, d]
   vh = v.transpose(0, 2, 1, 3)
-  out = _blocked_attention(qh, kh, vh, segment_ids, min(block, t))
+  out = _blocked_attention(qh, kh, vh, segment_ids, min(block, t), recompute)
   return out.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
 
 
@@ -171,31 +175,36 @@ def _block_probs(qh, kh, segment_ids, start, end):
   return probs.reshape(b, kvh, (end - start) * g, end)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _blocked_attention(qh, kh, vh, segment_ids, block):
-  return _blocked_attention_fwd(qh, kh, vh, segment_ids, block)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _blocked_attention(qh, kh, vh, segment_ids, block, recompute):
+  return _blocked_attention_fwd(qh, kh, vh, segment_ids, block, recompute)[0]
 
 
-def _blocked_attention_fwd(qh, kh, vh, segment_ids, block):
+def _blocked_attention_fwd(qh, kh, vh, segment_ids, block, recompute):
   b, kvh, t, g, d = qh.shape
   outs, saved = [], []
   for start, end in _block_bounds(t, block):
     probs = _block_probs(qh, kh, segment_ids, start, end)
     o = jnp.einsum("bkms,bksd->bkmd", probs.astype(vh.dtype), vh[:, :, :end])
     outs.append(o.reshape(b, kvh, end - start, g, d))
-    saved.append(probs.astype(vh.dtype))
+    if not recompute:
+      saved.append(probs.astype(vh.dtype))
   out = jnp.concatenate(outs, axis=2)
   return out, (qh, kh, vh, segment_ids, out, saved)
 
 
-def _blocked_attention_bwd(block, res, dout):
+def _blocked_attention_bwd(block, recompute, res, dout):
   qh, kh, vh, segment_ids, out, saved = res
   b, kvh, t, g, d = qh.shape
   scale = d ** -0.5
   dq_blocks = []
   dk = jnp.zeros(kh.shape, jnp.float32)
   dv = jnp.zeros(vh.shape, jnp.float32)
-  for (start, end), probs in zip(_block_bounds(t, block), saved):
+  for i, (start, end) in enumerate(_block_bounds(t, block)):
+    if recompute:
+      probs = _block_probs(qh, kh, segment_ids, start, end).astype(vh.dtype)
+    else:
+      probs = saved[i]
     rows = (end - start) * g
     qi = qh[:, :, start:end].reshape(b, kvh, rows, d)
     doi = dout[:, :, start:end].reshape(b, kvh, rows, d)
@@ -228,6 +237,7 @@ class Attention(nnx.Module):
     self.dtype = dtype_of(config.dtype)
     self.block = config.attention_block_size
     self.impl = config.attention_impl
+    self.recompute = config.attention_recompute
     self.q_proj = param(rngs, init, (d, h, hd), ("embed", "q_heads", "head_dim"), pdt)
     self.k_proj = param(rngs, init, (d, kvh, hd), ("embed", "kv_heads", "head_dim"), pdt)
     self.v_proj = param(rngs, init, (d, kvh, hd), ("embed", "kv_heads", "head_dim"), pdt)
@@ -266,7 +276,7 @@ class Attention(nnx.Module):
     q = constrain(q, ("batch", "seq", "act_heads", "head_dim"))
     new_cache = None
     if cache is None and self.impl == "blocked":
-      o = causal_attention(q, k, v, segment_ids, self.block)
+      o = causal_attention(q, k, v, segment_ids, self.block, self.recompute)
     elif cache is None:
       o = fused_causal_attention(q, k, v, segment_ids, self.impl)
     else:

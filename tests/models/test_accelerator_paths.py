@@ -1,12 +1,13 @@
 """The paths an accelerator run takes, held on CPU to the reference path: fused attention
 (jax.nn.dot_product_attention) against the blocked causal attention, bf16 compute with float32
-master weights against float32, and layer remat against none. (Ragged-dot MoE dispatch against
+master weights against float32, and layer remat and attention recomputation against none. (Ragged-dot MoE dispatch against
 the dense reference: tests/models/test_moe.py; sharding on a mesh: tests/parallel.)"""
 import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from orchard_jax import models
@@ -55,6 +56,17 @@ def test_remat_changes_nothing_but_memory():
   batch = _packed_batch()
   remat = with_config(model, dataclasses.replace(config, remat=True))
   _assert_same(_loss_and_grads(remat, batch), _loss_and_grads(model, batch), atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5_moe"])
+def test_attention_recompute_changes_nothing_but_memory(arch):
+  config = tiny_config(arch)
+  model = random_model(config, seed=5)
+  batch = _packed_batch()
+  other = with_config(model, dataclasses.replace(config, attention_recompute=True,
+                                                 attention_block_size=16))
+  base = with_config(model, dataclasses.replace(config, attention_block_size=16))
+  _assert_same(_loss_and_grads(other, batch), _loss_and_grads(base, batch), atol=1e-6)
 
 
 def test_bf16_compute_with_float32_master_weights_follows_float32():
