@@ -214,10 +214,11 @@ class ModelConfig:
       or "cudnn" (cuDNN's fused flash attention, NVIDIA GPUs only). Same result up to float
       rounding; decoding over a cache always uses the cached path.
     attention_recompute: "blocked" attention recomputes the softmax probabilities in the
-      backward pass instead of storing them (FlashAttention's choice): per full-attention
-      layer batch x heads x seq x ~seq/2 floats less activation memory (84 MB at the `small`
-      preset's 4 x 1024 tokens) for one more QK^T matmul and softmax per block (the attention
-      core's forward + backward from 6 to 7 matmuls). Same result.
+      backward pass instead of storing them (FlashAttention's choice; the default): per
+      full-attention layer batch x heads x seq x ~seq/2 floats less activation memory (84 MB
+      at the `small` preset's 4 x 1024 tokens, and quadratic in seq) for one more QK^T matmul
+      and softmax per block (the attention core's forward + backward from 6 to 7 matmuls).
+      Same result; False stores them (faster when memory is plentiful and sequences short).
     dtype: activation / matmul dtype. param_dtype: storage dtype of parameters. Norms, softmax,
       router and the DeltaNet recurrence always run in float32.
     remat: rematerialise each decoder layer in the backward pass (saves activation memory at
@@ -263,7 +264,7 @@ class ModelConfig:
   gdn_chunk_size: int = 64
   attention_block_size: int = 256
   attention_impl: str = "blocked"
-  attention_recompute: bool = False
+  attention_recompute: bool = True
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False

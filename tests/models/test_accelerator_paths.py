@@ -65,7 +65,8 @@ def test_attention_recompute_changes_nothing_but_memory(arch):
   batch = _packed_batch()
   other = with_config(model, dataclasses.replace(config, attention_recompute=True,
                                                  attention_block_size=16))
-  base = with_config(model, dataclasses.replace(config, attention_block_size=16))
+  base = with_config(model, dataclasses.replace(config, attention_recompute=False,
+                                                attention_block_size=16))
   _assert_same(_loss_and_grads(other, batch), _loss_and_grads(base, batch), atol=1e-6)
 
 
