@@ -44,7 +44,8 @@ def get_config(preset="tiny"):
     # unigram level), at 3e-3 and with the top 2 layers it sat at 4.55-4.65 over steps 6-15,
     # and at 5e-2 it diverged (4.79 -> 6.21 by step 7). A whole run with the top 2 layers for 45
     # steps took 21.6 min (SFT 19.0 min, final loss 4.519; 4 rollouts 148 s, none resolved, the
-    # group dropped, no token trained). Earlier, full-model SFT took ~100 s a step at load 12-25
+    # group dropped, no token trained); claude_code (a 16,042-token row) 24-38 s a step, 4
+    # rollouts 174 s. Earlier, full-model SFT took ~100 s a step at load 12-25
     # (loss 9.03 -> 4.18 in 13 steps), so the run takes hours there.
     config.agent.cli_overrides = common.cli_harness_overrides(config, {
         "tasks.train_tasks": 1, "sft.batch_size": 1, "sft.microbatches": 1,
