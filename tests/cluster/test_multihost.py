@@ -79,8 +79,17 @@ def test_two_processes_with_four_devices_each_match_one_process_with_eight(tmp_p
   two = load_file(str(tmp_path / "two" / "hf" / "model.safetensors"))
   one = load_file(str(tmp_path / "one" / "hf" / "model.safetensors"))
   assert sorted(two) == sorted(one)
+  # Adam divides each gradient by its own running RMS, so an element whose gradient is near
+  # zero (a sum of cancelling terms, where the order of the cross-host reduction sets its low
+  # digits) still moves by up to lr per step, and the noise shows in its update at a size set
+  # by lr, not by the weight: the tolerance is absolute, 1% of the most Adam can move an
+  # element in STEPS steps (lr 3e-3, multihost_worker.py). Seen: single elements of the
+  # embedding and LM head 3.6e-6 and 2.0e-5 apart (0.04% and 0.2% of that reach); the losses
+  # above agree to 2e-5 relative.
+  adam_reach = 3e-3 * STEPS
   for name in one:
-    np.testing.assert_allclose(two[name], one[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(two[name], one[name], rtol=1e-4, atol=1e-2 * adam_reach,
+                               err_msg=name)
   # Both hosts share one run folder; only process 0 writes its metrics (each step once).
   with open(tmp_path / "two" / "metrics.jsonl") as f:
     records = [json.loads(line) for line in f]
