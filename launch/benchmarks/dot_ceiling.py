@@ -23,15 +23,12 @@ import dataclasses
 import math
 import re
 
-from launch.benchmarks import common
+from launch.benchmarks import common, roofline
 
-_HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(")
 _SHAPE = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\w+)\[([\d,]*)\]")
 _DOT = re.compile(r"\bdot\(%?([\w.\-]+), %?([\w.\-]+)\)")
 _DIMS = {name: re.compile(name + r"=\{([\d,]*)\}") for name in (
     "lhs_contracting_dims", "rhs_contracting_dims", "lhs_batch_dims", "rhs_batch_dims")}
-_WHILE = re.compile(r"\bwhile\(.*\bbody=%?([\w.\-]+)")
-_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _CALLS = re.compile(r"\b(?:calls|to_apply|true_computation|false_computation)=%?([\w.\-]+)")
 _LISTS = re.compile(r"\b(?:branch_computations|called_computations|calls)=\{([^}]*)\}")
 _DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64"}
@@ -107,23 +104,8 @@ def step_dots(text: str) -> tuple[dict[Dot, int], int]:
   Raises:
     ValueError: the text has no ENTRY computation.
   """
-  computations, order = {}, []
-  current = entry = None
-  for line in text.splitlines():
-    if current is None:
-      match = _HEADER.match(line)
-      if match and line.rstrip().endswith("{"):
-        current = match.group(1)
-        computations[current] = []
-        order.append(current)
-        if line.startswith("ENTRY"):
-          entry = current
-    elif line.startswith("}"):
-      current = None
-    else:
-      computations[current].append(line)
-  if entry is None:
-    raise ValueError("HLO text has no ENTRY computation")
+  _, computations, entry = roofline.split_module(text)
+  order = list(computations)
   # HLO text defines a computation before any computation that calls it, so walking the list
   # backwards from ENTRY visits every caller before its callees: multiplicities are final.
   times = {name: 0 for name in order}
@@ -133,12 +115,12 @@ def step_dots(text: str) -> tuple[dict[Dot, int], int]:
     if not times[name]:
       continue
     for line in computations[name]:
-      loop = _WHILE.search(line)
+      loop = roofline.while_loop(line)
       if loop:
-        trip = _TRIP.search(line)
+        body, trip = loop
         unknown += trip is None
-        if loop.group(1) in times:
-          times[loop.group(1)] += times[name] * (int(trip.group(1)) if trip else 1)
+        if body in times:
+          times[body] += times[name] * (1 if trip is None else trip)
         continue
       callees = set(_CALLS.findall(line))
       for group in _LISTS.findall(line):

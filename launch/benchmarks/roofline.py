@@ -159,7 +159,7 @@ _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 
 def hlo_cost(text: str) -> Cost:
   """The Cost of an optimised HLO module given as text (`Compiled.as_text()`)."""
-  preamble, computations, entry = _split(text)
+  preamble, computations, entry = split_module(text)
   calls = {name: _callees(body) for name, body in computations.items()}
 
   @functools.cache
@@ -172,16 +172,14 @@ def hlo_cost(text: str) -> Cost:
     """What XLA's count of `name` misses: each loop's body (trip count - 1) more times."""
     total, unknown, bodies = _zero(), 0, set()
     for line in computations[name]:
-      loop = _WHILE.search(line)
+      loop = while_loop(line)
       if loop:
-        body = loop.group(1)
+        body, n = loop
         bodies.add(body)
-        trip = _TRIP.search(line)
-        if trip is None:
+        if n is None:
           unknown += 1
           total = _add(total, extra(body))
         else:
-          n = int(trip.group(1))
           total = _add(total, _scale(own(body), n - 1), _scale(extra(body), n))
     for callee in calls[name] - bodies:       # calls, branches, fusions: once each
       if callee in computations:
@@ -191,8 +189,24 @@ def hlo_cost(text: str) -> Cost:
   return _add(own(entry), extra(entry))
 
 
-def _split(text: str) -> tuple[list[str], dict[str, list[str]], str]:
-  """(lines before the first computation, {name: lines}, entry name)."""
+def while_loop(line: str) -> tuple[str, int | None] | None:
+  """(body computation, trip count or None when XLA does not know it) of an HLO `while`
+  instruction line; None for any other line."""
+  loop = _WHILE.search(line)
+  if loop is None:
+    return None
+  trip = _TRIP.search(line)
+  return loop.group(1), int(trip.group(1)) if trip else None
+
+
+def split_module(text: str) -> tuple[list[str], dict[str, list[str]], str]:
+  """Splits an HLO module's text into (lines before the first computation, {name: lines from
+  its header to its closing brace} in the order printed, entry name). HLO text defines a
+  computation before any computation that calls it.
+
+  Raises:
+    ValueError: the text has no ENTRY computation.
+  """
   preamble, computations, entry, current = [], {}, None, None
   for line in text.splitlines():
     if current is None:

@@ -180,7 +180,7 @@ def breakdown(trace: Any, hlo_text: str, wall_seconds: float = 0.0) -> Breakdown
 def categorize(hlo_text: str) -> tuple[dict[str, str], dict[str, str]]:
   """({instruction name: category}, {instruction name: op_name metadata}) for every
   instruction of an optimised HLO module's text (module docstring)."""
-  _, computations, _ = roofline._split(hlo_text)
+  _, computations, _ = roofline.split_module(hlo_text)
   parsed = {name: [_parse(line) for line in lines[1:]] for name, lines in computations.items()}
 
   def opcodes(computation: str, seen: frozenset = frozenset()) -> set[str]:
