@@ -160,7 +160,13 @@ def rl_base(preset="tiny"):
       weight_decay=0.1 if big else 0.0, max_grad_norm=1.0, chunk_size=1024, save_every=200,
       train_last_layers=0,           # > 0: partial fine-tuning, only the top this many decoder
                                      # layers + final norm + LM head (train.OptimizerConfig)
-      stop_loss=0.0))                # > 0: stop at the first step whose loss is below it
+      stop_loss=0.0,                 # > 0: stop at the first step whose loss is below it
+      method="full",                 # "full": the Trainer over packed batches (every parameter,
+                                     # or sft.train_last_layers / frozen); "cached_last_layer":
+                                     # only the last layer's readout, exact, on cached
+                                     # keys/values (train.cached_last_layer; text policies)
+      min_target_prob=0.0))          # cached_last_layer: > 0 stops once every target token
+                                     # has at least this probability (a margin, not a mean)
   c.annotator = _endpoint("")        # the domain's credit annotator (kind: the domain's names)
   c.rl = ml_collections.ConfigDict(dict(
       iterations=100 if big else 6,

@@ -20,6 +20,7 @@ CLUSTER_VARIABLES = {
 }
 
 SFT_MODES = ("credit", "resolved_only")
+SFT_METHODS = ("full", "cached_last_layer")
 REWARDS = ("binary", "rpr")
 
 
@@ -48,9 +49,17 @@ def check_cluster_settings(config: ConfigDict, fields: Sequence[str]) -> None:
 
 
 def check_sft_config(c: ConfigDict) -> None:
-  """Raises ConfigError for an unknown sft.mode."""
+  """Raises ConfigError for an unknown sft.mode or sft.method, or sft.min_target_prob outside
+  [0, 1)."""
   if c.sft.mode not in SFT_MODES:
     raise ConfigError(f"sft.mode is {c.sft.mode!r}; expected one of {SFT_MODES}")
+  method = c.sft.get("method", "full")
+  if method not in SFT_METHODS:
+    raise ConfigError(f"sft.method is {method!r}; expected one of {SFT_METHODS}")
+  prob = float(c.sft.get("min_target_prob", 0.0) or 0.0)
+  if not 0.0 <= prob < 1.0:
+    raise ConfigError(f"sft.min_target_prob is {prob}; expected 0 (off) or a probability in "
+                      "(0, 1)")
 
 
 def check_sft_source(c: ConfigDict) -> None:

@@ -45,7 +45,11 @@ def sft_data(run: RunContext, train_tasks, env, model_config=None) -> tuple:
 
 
 def _partial_scope(block) -> str:
-  """What a partial fine-tune trains (block.train_last_layers > 0), or "" (every parameter)."""
+  """What a partial fine-tune trains (block.train_last_layers > 0, or sft.method
+  "cached_last_layer"), or "" (every parameter)."""
+  if block.get("method", "full") == "cached_last_layer":
+    return ("the last layer's readout (query side, feed-forward), the final norm and the LM "
+            "head, on cached keys/values (exact; everything else frozen)")
   n = int(block.get("train_last_layers", 0) or 0)
   return (f"the top {n} decoder layer{'s' if n > 1 else ''}, the final norm and the LM head "
           "(embedding and lower layers frozen)") if n else ""
@@ -59,8 +63,14 @@ def stage_sft(run: RunContext, model, train_tasks, env):
                                    workdir=os.path.join(run.dir, "sft"),
                                    seed=int(run.config.seed),
                                    progress=bool(run.config.progress), images=images)
-  stopped = (f" (of at most {metrics['max_steps']}: loss below sft.stop_loss "
-             f"{float(run.config.sft.get('stop_loss', 0.0))})" if "stopped_at" in metrics else "")
+  if "min_target_prob" in metrics:
+    stopped = (f" (of at most {metrics['max_steps']}; least likely target token p="
+               f"{metrics['min_target_prob']:.3f}, sft.min_target_prob "
+               f"{float(run.config.sft.get('min_target_prob', 0.0))})")
+  else:
+    stopped = (f" (of at most {metrics['max_steps']}: loss below sft.stop_loss "
+               f"{float(run.config.sft.get('stop_loss', 0.0))})" if "stopped_at" in metrics
+               else "")
   print(f"SFT done: {metrics['steps']} steps{stopped} over {metrics['batches']} batches, final "
         f"loss {metrics.get('loss', float('nan')):.4f}"
         + (f"; trained {_partial_scope(run.config.sft)}" if _partial_scope(run.config.sft)
