@@ -68,7 +68,8 @@ import pydantic
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
-from starlette.requests import ClientDisconnect, Request
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from orchard_jax.data import ChatTemplateError, ModelCall
 from orchard_jax.data.images import ImageError, expand_image_tokens, part_source
@@ -89,6 +90,7 @@ from orchard_jax.rollout.wires.registry import CHAT, MESSAGES, WIRES, Wire
 from orchard_jax.rollout.wires.turn_stream import THINK_CLOSE, THINK_OPEN, TurnSplitter
 
 _log = logging.getLogger(__name__)
+MAX_REQUEST_BYTES = 64 << 20   # RecordingProxy's default max_request_bytes
 _CHECKPOINTS_KEPT = 4
 
 
@@ -396,6 +398,11 @@ class RecordingProxy:
       and history matching, stored once in the store (`TrajectoryStore.put_image`), its
       placeholder widened to its tokens in the recorded ids, and sent upstream as image_data.
       None: the policy reads text only (image parts are a 400).
+    max_request_bytes: the largest request body accepted; a longer one (announced by its
+      Content-Length or not) is answered 413 in the wire's error shape before it is parsed,
+      so a harness (model-written code inside a sandbox) cannot make the proxy, which lives in
+      the trainer's process, hold and tokenise an unbounded body. The default, 64 MiB, is far
+      above any context a policy reads (images travel inline as data URLs).
 
   Attributes:
     app: the FastAPI app (health, models, session end, OpenAPI schema). The server puts
@@ -408,7 +415,8 @@ class RecordingProxy:
                served_model_name: str = "orchard",
                sampling_defaults: Optional[dict] = None,
                sampling_overrides: Optional[dict] = None, host: str = "127.0.0.1",
-               port: int = 0, freeze_gc: bool = True, image_processor: Any = None):
+               port: int = 0, freeze_gc: bool = True, image_processor: Any = None,
+               max_request_bytes: int = MAX_REQUEST_BYTES):
     if not upstream.text_only and tokenizer is None:
       raise RequestError("a token-level upstream needs the policy's tokenizer to render prompts")
     self.upstream = upstream
@@ -419,6 +427,9 @@ class RecordingProxy:
     self.sampling_defaults = dict(sampling_defaults or {})
     self.sampling_overrides = dict(sampling_overrides or {})
     self.freeze_gc = freeze_gc
+    if max_request_bytes < 1:
+      raise ValueError(f"max_request_bytes must be at least 1; got {max_request_bytes}")
+    self.max_request_bytes = max_request_bytes
     if image_processor is not None and (tokenizer is None or tokenizer.image_token_id is None):
       raise RequestError("an image processor needs the policy's vision-language tokenizer "
                          "(one with <|image_pad|>)")
@@ -511,6 +522,21 @@ class RecordingProxy:
     async def _rollout(request: fastapi.Request, exc: RolloutError):
       return _rollout_error_response(exc)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _no_route(request: fastapi.Request, exc: StarletteHTTPException):
+      # A base URL set wrong (the proxy's root, an Anthropic base URL ending in /v1, a session
+      # id holding '/') is the usual cause: name the routes a harness should call.
+      routes = ("POST /sessions/{id}/v1/chat/completions, /sessions/{id}/v1/responses or "
+                "/sessions/{id}/v1/messages (base URL /sessions/{id}/v1, or /sessions/{id} for "
+                "Anthropic clients; a session id holds no '/')")
+      if exc.status_code == 404:
+        return error_response(f"no route {request.method} {request.url.path}; model calls "
+                              f"go to {routes}", 404, "NotFoundError")
+      if exc.status_code == 405:
+        return error_response(f"{request.method} is not allowed on {request.url.path}; model "
+                              f"calls are {routes}", 405, "MethodNotAllowedError")
+      return error_response(str(exc.detail), exc.status_code, "HTTPError")
+
     @app.get("/health")
     async def health():
       return {"status": "ok", "sessions": len(self.sessions)}
@@ -527,7 +553,10 @@ class RecordingProxy:
 
     @app.post(_PREFIX + "{session_id}/v1/messages/count_tokens")
     async def count_tokens(session_id: str, raw: fastapi.Request):
-      return await self._count_tokens(await raw.body())
+      try:   # an Anthropic route: its errors in Anthropic's shape, as the Messages wire's
+        return await self._count_tokens(await raw.body())
+      except RolloutError as e:
+        return MESSAGES.error(_rollout_message(e), _rollout_status(e))
 
     @app.delete("/sessions/{session_id}")
     async def end(session_id: str):
@@ -960,6 +989,49 @@ class RecordingProxy:
 _PREFIX = "/sessions/"
 
 
+class _BodyTooLarge(Exception):
+  """A request body over the proxy's limit (answered 413)."""
+
+
+async def _read_body(scope: dict, receive: Callable, limit: int) -> bytes:
+  """The request's body, read at most `limit` bytes far.
+
+  Raises:
+    _BodyTooLarge: the body (by its Content-Length, or as it arrives) exceeds `limit`.
+    ClientDisconnect: the caller went away before the body was complete.
+  """
+  length = next((value for name, value in scope["headers"] if name == b"content-length"), b"")
+  if length.isdigit() and int(length) > limit:
+    raise _BodyTooLarge(f"request body of {int(length)} bytes exceeds the proxy's limit of "
+                        f"{limit} bytes (RecordingProxy max_request_bytes)")
+  chunks, total = [], 0
+  while True:
+    message = await receive()
+    if message["type"] != "http.request":
+      raise ClientDisconnect()
+    chunk = message.get("body", b"")
+    total += len(chunk)
+    if total > limit:
+      raise _BodyTooLarge(f"request body of {total}+ bytes exceeds the proxy's limit of "
+                          f"{limit} bytes (RecordingProxy max_request_bytes)")
+    chunks.append(chunk)
+    if not message.get("more_body", False):
+      return b"".join(chunks)
+
+
+def _replayed(body: bytes, receive: Callable) -> Callable:
+  """An ASGI `receive` giving `body` as the whole request, then what the connection says."""
+  sent = False
+
+  async def replay() -> dict:
+    nonlocal sent
+    if not sent:
+      sent = True
+      return {"type": "http.request", "body": body, "more_body": False}
+    return await receive()
+  return replay
+
+
 class _LockedStream(StreamingResponse):
   """A streaming response that releases its session's lock once it is over, also when the
   client went away before the body's first event (its generator then never starts)."""
@@ -1026,15 +1098,21 @@ class _WireFastPath:
     self.app = app
 
   async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-    found = (_wire_of(scope.get("path", ""))
-             if scope["type"] == "http" and scope["method"] == "POST" else None)
-    if found is None:
+    if scope["type"] != "http":
       return await self.app(scope, receive, send)
-    session_id, wire = found
-    try:
-      body = await Request(scope, receive).body()
+    path = scope.get("path", "")
+    found = _wire_of(path) if scope["method"] == "POST" else None
+    try:   # every route's body is bounded, count_tokens' and the session routes' too
+      body = await _read_body(scope, receive, self.proxy.max_request_bytes)
     except ClientDisconnect:
       return
+    except _BodyTooLarge as e:
+      wire = found[1] if found else (WIRES["messages"] if "/v1/messages" in path
+                                     else WIRES["chat/completions"])
+      return await wire.error(str(e), 413)(scope, receive, send)
+    if found is None:
+      return await self.app(scope, _replayed(body, receive), send)
+    session_id, wire = found
     async with DisconnectWatch(receive) as watch:
       try:
         # A caller that goes away cancels its call (and the upstream request with it).

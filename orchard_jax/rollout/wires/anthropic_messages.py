@@ -277,7 +277,7 @@ def message_body(request: MessagesRequest, chat: ChatCompletionResponse, *, mode
 def error_body(message: str, status: int) -> dict[str, Any]:
   """Anthropic's error object for an HTTP status."""
   kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          429: "rate_limit_error", 529: "overloaded_error"}.get(status, "api_error")
+          413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}.get(status, "api_error")
   return {"type": "error", "error": {"type": kind, "message": message}}
 
 

@@ -47,7 +47,8 @@ class Wire:
 
 
 def _openai_error(message: str, status: int) -> Response:
-  kind = ("BadRequestError" if status == 400 else "UpstreamError" if status == 502
+  kind = ("BadRequestError" if status == 400 else "RequestTooLargeError" if status == 413
+          else "UpstreamError" if status == 502
           else "ServiceUnavailableError" if status == 503 else "InternalServerError")
   return Response(orjson.dumps({"object": "error", "message": message, "type": kind,
                                 "param": None, "code": status}),
@@ -55,7 +56,7 @@ def _openai_error(message: str, status: int) -> Response:
 
 
 def _responses_error(message: str, status: int) -> Response:
-  kind = "invalid_request_error" if status == 400 else "server_error"
+  kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
   return Response(orjson.dumps({"error": {"message": message, "type": kind, "param": None,
                                           "code": kind}}),
                   status_code=status, media_type="application/json")
