@@ -221,18 +221,32 @@ def blocked_dispatch(x: jax.Array, weights: jax.Array, indices: jax.Array, valid
   block_expert = row_expert[::block]
   x_flat = x.reshape(b * s, d)
 
+  def swiglu(xb, wr, wg, wu, wd):
+    h = jax.nn.silu(xb @ wg) * (xb @ wu) * wr[:, None]
+    return h @ wd
+
+  def skip(xb, *_):
+    return jnp.zeros_like(xb)
+
+  # The blocks past the last expert's padded rows hold padding only (their output is 0): a
+  # lax.cond skips their matmuls, forward and backward. The scan's length is fixed at the worst
+  # case n / block + E; the blocks used depend on the routing (about n / block + E / 2 when
+  # each expert's last block is half full). The cond takes the block's rows and weight slices,
+  # not the whole x and weights, so its backward branch returns block-sized gradients.
+  used = padded_end[-1] // block
+
   # Save only the matmul outputs for the backward pass: without the policy the scan would
   # keep every block's [hidden, mlp] weight slices (3 x blocks x hidden x mlp floats) and its
   # gathered input rows.
   @functools.partial(jax.checkpoint,
                      policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
   def step(carry, inputs):
-    tok, wr, ex = inputs
+    i, tok, wr, ex = inputs
     xb = jnp.take(x_flat, tok, axis=0)
-    h = jax.nn.silu(xb @ w_gate[ex]) * (xb @ w_up[ex]) * wr[:, None]
-    return carry, h @ w_down[ex]
+    return carry, jax.lax.cond(i < used, swiglu, skip, xb, wr, w_gate[ex], w_up[ex],
+                               w_down[ex])
 
-  _, out = jax.lax.scan(step, None, (token, row_weight, block_expert))
+  _, out = jax.lax.scan(step, None, (jnp.arange(num_blocks), token, row_weight, block_expert))
   out = out.reshape(num_blocks * block, d)
   # Assignment i (original order) sits at sorted position inverse[i], padded row dest.
   inverse = jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
