@@ -38,6 +38,19 @@ def _json_object(parser, flag: str, text: str) -> dict:
   return value
 
 
+def _service_config(parser, text: str) -> ServiceConfig:
+  """The ServiceConfig --config-json gives, each value checked against its field's type (a
+  string where seconds go would otherwise start a service that fails its first request)."""
+  import pydantic
+  try:
+    return pydantic.TypeAdapter(ServiceConfig).validate_python(
+        _json_object(parser, "--config-json", text))
+  except pydantic.ValidationError as e:
+    problems = "; ".join(f"{'.'.join(map(str, error['loc']))}: {error['msg']} (saw "
+                         f"{error['input']!r})" for error in e.errors())
+    parser.error(f"--config-json: {problems}")
+
+
 def _check_args(parser, args) -> None:
   """Usage errors for arguments argparse cannot check itself (files, JSON, field names)."""
   import dataclasses
@@ -57,6 +70,7 @@ def _check_args(parser, args) -> None:
   if unknown:
     parser.error(f"--config-json: unknown ServiceConfig field(s) {unknown}; expected some of "
                  f"{sorted(fields)}")
+  _service_config(parser, args.config_json)
   from orchard_jax.env.backends.k8s_manifests import KubernetesConfig   # no kubernetes import
   k8s_fields = {f.name for f in dataclasses.fields(KubernetesConfig)}
   unknown = sorted(set(_json_object(parser, "--kubernetes-config-json",
@@ -80,7 +94,8 @@ def _parser():
                      help="admin keys (see every tenant's sandboxes), one per line (also "
                           "$ORCHARD_ENV_ADMIN_KEYS)")
   serve.add_argument("--public-url", default=None, help="base URL used in exposed-port URLs")
-  serve.add_argument("--log-level", default="info")
+  serve.add_argument("--log-level", default="info", type=str.lower,
+                     choices=("critical", "error", "warning", "info", "debug"))
   serve.add_argument("--config-json", default="{}",
                      help='ServiceConfig overrides as JSON, e.g. \'{"default_timeout": 600}\'')
   serve.add_argument("--store", default="memory",
@@ -134,7 +149,7 @@ def main(argv=None):
   if not keys:
     keys = [secrets.token_urlsafe(24)]
     print(f"No API key configured; generated one for this run: {keys[0]}", flush=True)
-  config = ServiceConfig(**json.loads(args.config_json))
+  config = _service_config(parser, args.config_json)
   try:
     service = Orchestrator(_backend(args), api_keys=keys, admin_keys=admin_keys or None,
                            host=args.host, port=args.port, config=config,

@@ -35,8 +35,9 @@ from typing import Annotated, Optional
 
 import fastapi
 import httpcore
-import pydantic
 import prometheus_client
+import pydantic
+import starlette.exceptions
 from fastapi import responses
 from prometheus_client import core as prom_core
 
@@ -44,7 +45,7 @@ from orchard_jax.env import api as _api
 from orchard_jax.env import fast_path as _fast_path
 from orchard_jax.env import store as _store
 from orchard_jax.env import tenants as _tenants
-from orchard_jax.env.errors import (AuthenticationError, EnvError, InvalidRequest,
+from orchard_jax.env.errors import (AuthenticationError, EnvError, InvalidRequest, NotFound,
                                     PayloadTooLarge, PermissionDenied)
 from orchard_jax.env.manager import SandboxManager, public_sandbox
 
@@ -112,13 +113,34 @@ def _terminal_size(rows, cols) -> tuple:
   return rows, cols
 
 
-def validation_error(errors) -> InvalidRequest:
-  """One InvalidRequest naming every field a request got wrong ("memory: ...; env: ...")."""
+_LOCATIONS = ("body", "query", "path", "header", "cookie")
+
+
+def validation_error(errors, content_type: Optional[str] = None) -> InvalidRequest:
+  """One InvalidRequest naming every field a request got wrong ("memory: ...; env: ...").
+
+  Args:
+    errors: pydantic / FastAPI validation errors; each one's `loc` starts with where the value
+      came from ("body", "query", ...), which is dropped, so a query parameter named `path`
+      is named `path`.
+    content_type: the request's Content-Type: a body that is not an object because it was not
+      sent as JSON (curl -d sends a form) is named as that, not as a shape error.
+  """
   fields, problems = [], []
   for e in errors:
-    loc = [str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path")]
-    field = ".".join(loc)
+    loc = [str(p) for p in e.get("loc", ())]
+    where = loc.pop(0) if loc and loc[0] in _LOCATIONS else None
     message = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+    if e.get("type") == "json_invalid":   # loc: ("body", character offset)
+      reason = (e.get("ctx") or {}).get("error")
+      at = f" at character {loc[0]}" if loc else ""
+      loc, message = [], f"not valid JSON{at}" + (f" ({reason})" if reason else "")
+    field = ".".join(loc) or (where if where == "body" else "")
+    media_type = (content_type or "").split(";", 1)[0].strip().lower()
+    if (field == "body" and media_type and media_type != "application/json"
+        and not media_type.endswith("+json")):
+      message = (f"expected a JSON object sent with Content-Type: application/json; saw "
+                 f"Content-Type {content_type!r} ({message})")
     if field and field not in fields:
       fields.append(field)
     problems.append(f"{field}: {message}" if field and not message.startswith(field) else message)
@@ -236,7 +258,22 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
 
   @app.exception_handler(fastapi.exceptions.RequestValidationError)
   async def _validation_error(request, exc):
-    return responses.JSONResponse(validation_error(exc.errors()).to_json(), status_code=422)
+    error = validation_error(exc.errors(), request.headers.get("content-type"))
+    return responses.JSONResponse(error.to_json(), status_code=422)
+
+  @app.exception_handler(starlette.exceptions.HTTPException)
+  async def _no_route(request, exc):   # the service's error shape for 404 / 405 too
+    if exc.status_code == 404:
+      error = NotFound(f"no route {request.method} {request.url.path}; the API is under "
+                       f"/v1/sandboxes (routes: orchard_jax/env/app.py, or GET /docs)")
+    elif exc.status_code == 405:
+      error = EnvError(f"{request.method} is not allowed on {request.url.path}")
+      error.status_code, error.code = 405, "method_not_allowed"
+    else:
+      error = EnvError(str(exc.detail))
+      error.status_code, error.code = exc.status_code, "http_error"
+    return responses.JSONResponse(error.to_json(), status_code=error.status_code,
+                                  headers=getattr(exc, "headers", None))
 
   @app.get("/health")
   async def health():
@@ -446,24 +483,28 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
       stream = pool.stream(request.method, f"http://localhost:{exposure['port']}{target}",
                            headers=headers, content=request.stream())
       response = await stream.__aenter__()
-    except (OSError, EnvError, httpcore.ConnectError, httpcore.ReadError,
-            httpcore.RemoteProtocolError) as e:
+    except (OSError, EnvError, httpcore.NetworkError, httpcore.ProtocolError,
+            httpcore.TimeoutException) as e:
       await pool.aclose()
       return responses.JSONResponse(
           {"error": {"code": "bad_gateway", "message": f"port {exposure['port']} of "
                      f"{record['id']} did not answer: {e}"}}, status_code=502)
-    out_headers = {k.decode(): v.decode() for k, v in response.headers
-                   if k.decode().lower() not in _HOP_HEADERS}
 
     async def relay():
       try:
         async for chunk in response.aiter_stream():
           yield chunk
-      except (OSError, httpcore.ReadError, httpcore.RemoteProtocolError):
+      except (OSError, httpcore.NetworkError, httpcore.ProtocolError,
+              httpcore.TimeoutException):
         return
       finally:
         await stream.__aexit__(None, None, None)
         await pool.aclose()
-    return responses.StreamingResponse(relay(), status_code=response.status, headers=out_headers)
+    answer = responses.StreamingResponse(relay(), status_code=response.status)
+    # The sandbox's header bytes as they came (any bytes HTTP allows, not only UTF-8; repeated
+    # names such as Set-Cookie kept), less the hop-by-hop ones.
+    answer.raw_headers = [(name.lower(), value) for name, value in response.headers
+                          if name.decode("latin-1").lower() not in _HOP_HEADERS]
+    return answer
 
   return app

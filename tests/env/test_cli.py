@@ -17,6 +17,13 @@ from orchard_jax.env import __main__ as cli
     # Walkthrough: a misspelt field was a TypeError traceback from KubernetesConfig(**...).
     (["--backend", "kubernetes", "--kubernetes-config-json", '{"creation_qsp": 5}'],
      "unknown KubernetesConfig field(s) ['creation_qsp']"),
+    # Walkthrough: a value of the wrong type started a service that failed its first request,
+    # and an unknown log level was a ValueError traceback from logging.
+    (["--config-json", '{"default_timeout": "soon"}'],
+     "--config-json: default_timeout: Input should be a valid number"),
+    (["--config-json", '{"max_sandboxes": 1.5}'], "max_sandboxes: Input should be a valid integer"),
+    (["--config-json", '{"tenant_quotas": [1]}'], "tenant_quotas: Input should be a valid dict"),
+    (["--log-level", "loud"], "argument --log-level: invalid choice: 'loud'"),
 ])
 def test_bad_serve_arguments_are_usage_errors(argv, expected, capsys):
   with pytest.raises(SystemExit) as exit_info:
@@ -27,9 +34,13 @@ def test_bad_serve_arguments_are_usage_errors(argv, expected, capsys):
 
 def test_good_arguments_pass_the_checks():
   parser = cli._parser()
-  args = parser.parse_args(["serve", "--port", "0", "--config-json", '{"default_timeout": 60}'])
+  args = parser.parse_args(["serve", "--port", "0", "--config-json",
+                            '{"default_timeout": "60", "default_exec_timeout": null}',
+                            "--log-level", "WARNING"])
   cli._check_args(parser, args)          # returns without a usage error
-  assert args.port == 0
+  assert args.port == 0 and args.log_level == "warning"
+  config = cli._service_config(parser, args.config_json)
+  assert config.default_timeout == 60.0 and config.default_exec_timeout is None
 
 
 def _keys(tmp_path):
