@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
+from launch import host_malloc  # noqa: E402
 from launch import overrides  # noqa: E402
 from launch import xla_env  # noqa: E402
 from launch.benchmarks import common  # noqa: E402
@@ -42,6 +43,7 @@ def main(argv):
     os.environ["ORCHARD_BENCH_CASES"] = ",".join(_CASES.value)
   # The schedule launched jobs compile with (launch/xla_env.py), here and in bench workers.
   xla_env.configure()
+  host_malloc.configure()    # and their malloc settings (launch/host_malloc.py)
   rows = common.load_suite(_SUITE.value).run()
   common.print_table(_SUITE.value, rows)
   if _JSON.value:

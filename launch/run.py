@@ -47,6 +47,9 @@ def main(argv):
   # XLA:CPU's memory-minimising op schedule (ORCHARD_JAX_CPU_SCHEDULER; launch/xla_env.py).
   from launch import xla_env
   logging.info("XLA:CPU scheduler: %s", xla_env.configure())
+  # Large host buffers mmapped and returned on free (ORCHARD_JAX_MALLOC; launch/host_malloc.py).
+  from launch import host_malloc
+  logging.info("malloc: %s", host_malloc.configure())
   # On a multi-host Job (launch/k8s/training.py) join the other hosts before any device use.
   from orchard_jax.parallel import distributed
   if distributed.initialize_from_env():

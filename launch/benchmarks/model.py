@@ -62,7 +62,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from launch import xla_env
+from launch import host_malloc, xla_env
 from launch.benchmarks import common, dot_ceiling, roofline, step_profile
 
 THREADS = 2
@@ -206,6 +206,10 @@ def _subprocess(side: str, preset: str, batch: int, seq: int, warmup: int,
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)                 # one CPU device, not the tests' eight
   xla_env.configure(env)                     # the schedule launched jobs use (xla_env.py)
+  if side == "transformers":                 # transformers as its users run it: glibc's
+    env.pop(host_malloc.GLIBC_ENV, None)     # default malloc
+  else:                                      # ours as launched jobs run (host_malloc.py)
+    host_malloc.configure(env)
   env["JAX_PLATFORMS"] = "cpu"
   env["OMP_NUM_THREADS"] = str(THREADS)
   if _has_taskset() and os.cpu_count() and os.cpu_count() > THREADS:
