@@ -313,7 +313,8 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
     return public_sandbox(await manager.get(sandbox_id, who))
 
   @v1.post("/sandboxes/{sandbox_id}/wait")
-  async def wait(sandbox_id: str, who: Who, timeout: float = fastapi.Query(60, gt=0, le=600)):
+  async def wait(sandbox_id: str, who: Who,
+                 timeout: float = fastapi.Query(60, gt=0, le=600, allow_inf_nan=False)):
     return await manager.wait_ready(sandbox_id, timeout, who)
 
   @v1.delete("/sandboxes/{sandbox_id}")
@@ -339,7 +340,7 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
 
   @v1.post("/sandboxes/{sandbox_id}/jobs/{job_id}/wait")
   async def wait_job(sandbox_id: str, job_id: str, who: Who,
-                     timeout: float = fastapi.Query(60, ge=0, le=600)):
+                     timeout: float = fastapi.Query(60, ge=0, le=600, allow_inf_nan=False)):
     return responses.JSONResponse(await manager.wait_job(sandbox_id, job_id, timeout, who))
 
   @v1.post("/sandboxes/{sandbox_id}/jobs/{job_id}/cancel")

@@ -145,3 +145,13 @@ def test_arbitrary_bytes_are_a_4xx_in_the_service_shape(local_service, exposed, 
   # Fields are names a caller can act on, never a character offset or a location.
   assert all(not f.isdigit() and f not in ("query", "header") for f in error["details"].get(
       "fields", [])), error
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_non_finite_wait_timeout_is_named_as_such(local_service, value):
+  with orchard_env.SandboxClient(local_service.url, local_service.api_key) as client:
+    box = client.create_sandbox()
+    job = box.start("true")
+    for route in (f"/v1/sandboxes/{box.id}/wait", f"/v1/sandboxes/{box.id}/jobs/{job.id}/wait"):
+      error = _error(_raw(local_service, "POST", route, params={"timeout": value}))
+      assert error["details"]["fields"] == ["timeout"] and "finite" in error["message"], error
