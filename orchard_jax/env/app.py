@@ -397,8 +397,10 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
   app.include_router(v1)
 
   @app.websocket("/v1/sandboxes/{sandbox_id}/pty")
-  async def pty(websocket: fastapi.WebSocket, sandbox_id: str, rows: int = 24, cols: int = 80,
+  async def pty(websocket: fastapi.WebSocket, sandbox_id: str, rows: str = "24", cols: str = "80",
                 shell: Optional[str] = None):
+    # rows and cols are parsed by _terminal_size: a non-integer is a 4422 close naming them,
+    # not FastAPI's refusal of the handshake (an HTTP 403 that reads as a bad key).
     given = websocket.headers.get(API_KEY_HEADER) or websocket.query_params.get("api_key")
     try:
       who = _check_key(given, keys)
@@ -413,8 +415,11 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
       request = _api.Exec(command=[shell] if shell else ["/bin/sh", "-c",
                           "exec $(command -v bash || echo /bin/sh) -i"])
     except (ValueError, pydantic.ValidationError) as e:   # 4422: a bad parameter
+      reason = (validation_error(e.errors()).message.removeprefix("invalid request: ")
+                .replace("command", "shell") if isinstance(e, pydantic.ValidationError)
+                else str(e))
       await websocket.accept()
-      await websocket.close(code=4422, reason=str(e).splitlines()[0][:120])
+      await websocket.close(code=4422, reason=reason[:120])
       return
     spec = manager.job_spec(record, request)
     spec.env["TERM"] = "xterm-256color"

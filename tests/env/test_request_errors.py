@@ -155,3 +155,26 @@ def test_a_non_finite_wait_timeout_is_named_as_such(local_service, value):
     for route in (f"/v1/sandboxes/{box.id}/wait", f"/v1/sandboxes/{box.id}/jobs/{job.id}/wait"):
       error = _error(_raw(local_service, "POST", route, params={"timeout": value}))
       assert error["details"]["fields"] == ["timeout"] and "finite" in error["message"], error
+
+
+@pytest.mark.parametrize("query,expected", [("rows=abc", "rows and cols must be integers"),
+                                            ("cols=0", "rows and cols must be 1-1000"),
+                                            ("shell=%00", "shell")])
+def test_a_bad_terminal_parameter_closes_the_pty_with_4422_naming_it(local_service, query,
+                                                                     expected):
+  import asyncio
+
+  import websockets
+
+  async def close_of(url):
+    async with websockets.connect(url, additional_headers={"X-API-Key": local_service.api_key},
+                                  open_timeout=30) as ws:
+      with pytest.raises(websockets.ConnectionClosed):
+        await asyncio.wait_for(ws.recv(), 30)
+      return ws.close_code, ws.close_reason
+
+  with orchard_env.SandboxClient(local_service.url, local_service.api_key) as client:
+    box = client.create_sandbox()
+    url = local_service.url.replace("http", "ws", 1) + f"/v1/sandboxes/{box.id}/pty?{query}"
+    code, reason = asyncio.run(close_of(url))
+  assert code == 4422 and expected in reason, (code, reason)
