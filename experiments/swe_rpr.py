@@ -51,5 +51,7 @@ def get_config(preset="tiny"):
         "tasks.train_tasks": 1, "sft.batch_size": 1, "sft.microbatches": 1,
         "eval.baseline": False, "rl.final_eval": False, "rl.iterations": 1,
         "rl.prompts_per_iteration": 1, "rl.bar.max_rollouts": 4, "rl.bar.stride": 4,
-        "rl.batch_size": 2, "rl.microbatches": 2})
+        "rl.batch_size": 2, "rl.microbatches": 2,
+        "sft.method": "cached_last_layer", "sft.epochs": 2000, "sft.lr": 3e-2,
+        "sft.end_lr": 1e-3, "sft.warmup_steps": 10, "sft.min_target_prob": 0.9})
   return config

@@ -23,6 +23,9 @@ Public API:
   OptimizerConfig(train_last_layers=N) trains only a causal LM's top N decoder layers, final
   norm and LM head (partial fine-tuning: last_layers_frozen, frozen_prefixes); the train step
   differentiates the trained params only (partition_params / merge_params).
+  train.cached_last_layer: last-layer fine-tuning on cached key/value states (cache_rows,
+  fit, trained_parameters): exact SFT of the last layer's readout, final norm and LM head with
+  every key/value computed once per sequence (SFT's sft.method "cached_last_layer").
 """
 from orchard_jax.train.checkpoint import Checkpointer, abstract_like
 from orchard_jax.train.errors import CheckpointMismatch, TrainError

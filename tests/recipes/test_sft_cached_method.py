@@ -1,5 +1,6 @@
 """fit_sft with sft.method "cached_last_layer": trains, checkpoints where the RL job and
-policy.init read it, and a rerun over the finished folder returns at once with those params."""
+policy.init read it, a rerun over the finished folder returns at once with those params, and
+one asked for a wider margin trains on from there."""
 import jax
 import ml_collections
 import numpy as np
@@ -49,6 +50,12 @@ def test_cached_method_trains_checkpoints_and_resumes(tmp_path):
                                mesh=mesh_of(1), workdir=str(tmp_path), progress=False)
   assert out["steps"] == metrics["steps"] and out["stopped_at"] == metrics["stopped_at"]
   jax.tree.map(np.testing.assert_array_equal, _params(trained), _params(again))
+  # Asked for a wider margin, it trains on from the checkpoint (params and Adam state).
+  margin = (1.0 + metrics["min_target_prob"]) / 2
+  _, wider = sft_lib.fit_sft(models.CausalLM(CFG, rngs=nnx.Rngs(0)), sequences,
+                             _sft_config(min_target_prob=margin), mesh=mesh_of(1),
+                             workdir=str(tmp_path), progress=False)
+  assert wider["steps"] > metrics["steps"] and wider["min_target_prob"] >= margin
 
 
 def test_unknown_method_is_refused(tmp_path):

@@ -246,8 +246,9 @@ def _fit_cached_last_layer(model, sequences: Sequence, sft_config, *, mesh, work
   full-batch Adam update over all sequences (sft.epochs steps at most, sft.lr's schedule); it
   stops after the first step at which every target token has probability >= sft.min_target_prob
   (0: no early stop). The checkpoint under workdir/checkpoints is a Trainer's (every
-  parameter, the optimiser state of the trained ones), so a finished run returns at once and
-  policy.init can load it; an interrupted run starts the readout again from the policy.
+  parameter, the optimiser state of the trained ones), written when the fit ends: a finished
+  run returns at once, a run asked for a higher sft.min_target_prob than its checkpoint
+  reached trains on from it, and policy.init can load it.
   """
   frozen = cached_last_layer.frozen_parameters(model)
   total = int(sft_config.epochs)
@@ -263,8 +264,11 @@ def _fit_cached_last_layer(model, sequences: Sequence, sft_config, *, mesh, work
   min_prob = float(sft_config.get("min_target_prob", 0.0) or 0.0)
   with train.Trainer(model, train.SFTLoss(chunk_size=int(sft_config.chunk_size)), trainer_config,
                      mesh=mesh) as trainer:
+    # Done: every step taken, or stopped by a margin at least the one asked for now (a
+    # higher sft.min_target_prob resumes from the checkpoint's parameters and Adam state).
     done = trainer.restored_step is not None and (
-        trainer.meta.get("stopped_at") is not None or trainer.step >= total)
+        trainer.step >= total or (trainer.meta.get("stopped_at") is not None
+                                  and float(trainer.meta.get("min_target_prob", 0.0)) >= min_prob))
     info = {"max_steps": total, "batches": len(sequences), "method": "cached_last_layer"}
     if done:
       last = {k: trainer.meta[k] for k in ("loss", "min_target_prob") if k in trainer.meta}
@@ -286,14 +290,18 @@ def _fit_cached_last_layer(model, sequences: Sequence, sft_config, *, mesh, work
         print(f"SFT (cached last layer) step {step}: loss {metrics['loss']:.4f}, least likely "
               f"target token p={metrics['min_target_prob']:.3f}", flush=True)
 
+    resumed = trainer.restored_step is not None
     result = cached_last_layer.fit(model, rows, trainer.optimizer, max_steps=total,
-                                   min_target_prob=min_prob, on_step=on_step)
+                                   min_target_prob=min_prob, on_step=on_step,
+                                   opt_state=trainer.state["opt_state"] if resumed else None,
+                                   start_step=trainer.step)
     params = train.ModelParts.of(model).pure_params()
     trainer.state = {**trainer.state, "step": jnp.asarray(result.steps, jnp.int32),
                      "params": jax.device_put(params, trainer.shardings["params"]),
                      "opt_state": jax.device_put(result.opt_state,
                                                  trainer.shardings["opt_state"])}
     last = {"loss": result.loss, "min_target_prob": result.min_target_prob}
+    trainer.meta.pop("stopped_at", None)
     if result.stopped_at is not None:
       last["stopped_at"] = result.stopped_at
     trainer.save(extra_meta=last)
