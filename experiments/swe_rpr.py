@@ -49,7 +49,11 @@ def get_config(preset="tiny"):
     # steps, loss 0.0033): 3/4 resolved, reward +0.627, 1,094 tokens trained from 4 sessions'
     # recorded Responses-wire calls (rollouts 263 s, update 243 s, run 9.4 min). At lr 1e-2 the
     # loss was still 4.2-5.2 at step 50-70 (the old partial fine-tuning's plateau); at 3e-2 it
-    # is noisy (up to 3.3 at step 400) but gets through.
+    # is noisy (up to 3.3 at step 400) but gets through. claude_code (a 16,042-token row, 296
+    # loss tokens): 764 steps to min p 0.9 at 1.1 s, +17 to 0.97 (loss 0.0027), then 0/4
+    # resolved (202 s): its seed had been played under another model name, which Claude Code
+    # writes into its system prompt, so the rollouts' prompt states differed from the seed's
+    # (now played under the policy's served model name; not yet re-measured).
     config.agent.cli_overrides = common.cli_harness_overrides(config, {
         "tasks.train_tasks": 1, "sft.batch_size": 1, "sft.microbatches": 1,
         "eval.baseline": False, "rl.final_eval": False, "rl.iterations": 1,

@@ -268,7 +268,7 @@ class SWEDomain:
         _log.info("replay expert through %s: %s", name, task.instance_id)
         trajectory = harness_lib.harness_expert_trajectory(
             task, env, run.store, harness=name, agent=agent, steps=steps, experiment=experiment,
-            seed=int(c.seed))
+            seed=int(c.seed), model_name=str(c.engine.get("served_model_name", "policy")))
         run.store.append_trajectory(trajectory)
         have[task.instance_id] = trajectory
       out.append(have[task.instance_id])

@@ -166,7 +166,8 @@ def run_cli_episode(instance, client, base_url: str, *, harness: str, model: str
 
 def harness_expert_trajectory(instance, client, store, *, harness: str, agent: Any,
                               steps: Sequence[str], experiment: Optional[str] = None,
-                              seed: int = 0, log_dir: Optional[str] = None):
+                              seed: int = 0, log_dir: Optional[str] = None,
+                              model_name: str = "policy"):
   """The replay expert's gold plan played through an external harness, recorded and graded:
   SFT seed data in the harness's own format (its system prompt, tools and shell tool).
 
@@ -188,6 +189,10 @@ def harness_expert_trajectory(instance, client, store, *, harness: str, agent: A
     experiment: stored on the trajectory.
     seed: varies the plan's wording.
     log_dir: the harness's logs and the grading's go there.
+    model_name: the model name the harness is given: the rollouts' (the policy's served
+      model name), since a CLI writes it into its system prompt (Claude Code: "You are powered
+      by the model ..."), and a seed whose prompt differs there teaches a policy that
+      memorises the seed nothing it recognises in the rollouts' prompts.
   Returns:
     A graded `data.Trajectory` with the recorded conversation as its messages and
     metadata["expert"] = {"variant": "gold", "harness": ..., "step_kinds": [...]}.
@@ -199,7 +204,8 @@ def harness_expert_trajectory(instance, client, store, *, harness: str, agent: A
   from orchard_jax.rollout import RecordingProxy, new_session_id
   from orchard_jax.tasks.swe import expert
 
-  model = ScriptedHarnessModel(get_cli_harness(harness), final_answer="The fix is in place.")
+  model = ScriptedHarnessModel(get_cli_harness(harness), final_answer="The fix is in place.",
+                               model=model_name)
   kinds: list[str] = []
 
   def plan(sandbox) -> None:
