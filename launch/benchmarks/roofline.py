@@ -107,20 +107,42 @@ def measure_machine(matmul_n: int = 2048, stream_elements: int = 1 << 25,
 
 
 def measure_bandwidth(footprint_bytes: float, repeats: int = 8) -> float:
-  """Bandwidth in bytes/s of a jitted STREAM triad whose three arrays together hold
-  `footprint_bytes` (at least 3 MiB): the bandwidth of the memory level where a working set of
-  that size lives once warm (a cache, or DRAM for sets beyond the caches). The roofline of a
-  step whose compulsory bytes fit in a cache is bounded by this, not by DRAM's (the cache-aware
-  roofline, Ilic, Pratas and Sousa, IEEE CAL 2014); for sets beyond the caches it equals the
-  DRAM triad of `measure_machine`.
+  """Bandwidth in bytes/s of a jitted STREAM triad (a = b + 3 c) whose three arrays together
+  hold `footprint_bytes` (at least 3 MiB): the bandwidth of the memory level where a working
+  set of that size lives once warm (a cache, or DRAM for sets beyond the caches). The roofline
+  of a step whose compulsory bytes fit in a cache is bounded by this, not by DRAM's (the
+  cache-aware roofline, Ilic, Pratas and Sousa, IEEE CAL 2014); for sets beyond the caches it
+  equals the DRAM triad of `measure_machine`.
+
+  `a` is donated, so every call writes its result into the same buffer, as STREAM's triad
+  does. Without donation each call would write a freshly allocated output: once the C
+  library maps such buffers afresh (launch/host_malloc.py), the triad times the kernel's
+  page faults (one per 4 KiB page, each zeroing it) instead of the memory.
   Raises ValueError for a footprint that is not positive."""
-  import jax.numpy as jnp
   if not footprint_bytes > 0:
     raise ValueError(f"footprint_bytes must be > 0, got {footprint_bytes}")
   elements = max(1 << 18, int(footprint_bytes) // 12)
+  run, _ = stream_triad(elements)
+  return 3 * 4 * elements / min(common.time_calls(run, warmup=2, repeats=repeats))
+
+
+def stream_triad(elements: int) -> tuple[Callable[[], None], Callable[[], Any]]:
+  """STREAM's triad over float32 arrays of `elements`: (run, result). run() computes
+  a = b + 3 c with b = 1 and c = 2, writing into a's own buffer (a is donated to the jitted
+  triad), and waits for it; result() is a's current array (7.0 everywhere after a run)."""
+  import jax
+  import jax.numpy as jnp
   b = jnp.ones((elements,), jnp.float32)
   c = jnp.full((elements,), 2.0, jnp.float32)
-  return 3 * 4 * elements / _best_time(lambda b, c: b + 3.0 * c, (b, c), repeats)
+  # keep_unused: `a` is not read, and jit would otherwise drop it (and with it the donation).
+  triad = jax.jit(lambda a, b, c: b + 3.0 * c, donate_argnums=0, keep_unused=True)
+  a = [jnp.zeros((elements,), jnp.float32)]
+
+  def run() -> None:
+    a[0] = triad(a[0], b, c)
+    a[0].block_until_ready()
+
+  return run, lambda: a[0]
 
 
 def _best_time(fn: Callable[..., Any], args: tuple, repeats: int) -> float:

@@ -86,3 +86,37 @@ def test_bandwidth_at_a_footprint_is_measured_and_refuses_nonsense():
   assert roofline.measure_bandwidth(4e6, repeats=2) > 0
   with pytest.raises(ValueError, match="footprint_bytes"):
     roofline.measure_bandwidth(0.0)
+
+
+def test_the_triad_writes_in_place():
+  """STREAM's triad reuses its destination buffer: a fresh output every call would time the
+  C library's mapping of new pages (launch/host_malloc.py maps large buffers afresh), not the
+  memory."""
+  run, result = roofline.stream_triad(1 << 20)
+  run()
+  before = result().unsafe_buffer_pointer()
+  for _ in range(3):
+    run()
+  assert result().unsafe_buffer_pointer() == before
+  np.testing.assert_array_equal(np.asarray(result()), np.full(1 << 20, 7.0, np.float32))
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 8, 64])
+def test_a_decode_step_moves_only_the_weights_it_can_read(batch):
+  """The sampler's roofline counts, of the embedding, the batch's rows and, of each MoE layer,
+  at most batch x top-k experts: here against the tiny model's own parameter arrays."""
+  from flax import nnx
+
+  from launch.benchmarks.sampler import step_read_bytes
+  from orchard_jax.models import CausalLM, get_preset
+
+  config = get_preset("tiny")
+  params = nnx.to_flat_state(nnx.state(CausalLM(config, rngs=nnx.Rngs(0)), nnx.Param))
+  sizes = {"/".join(map(str, path)): np.asarray(v.get_value()).nbytes for path, v in params}
+  embedding = sizes["model/embed_tokens"]
+  experts = sum(n for name, n in sizes.items() if "/mlp/w_" in name)
+  total = float(sum(sizes.values()))
+  read_experts = experts * min(batch * config.num_experts_per_tok, config.num_experts) \
+      / config.num_experts
+  expected = total - embedding - experts + embedding * batch / config.vocab_size + read_experts
+  assert step_read_bytes(config, batch, total) == pytest.approx(expected, rel=1e-12)
