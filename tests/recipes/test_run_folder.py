@@ -57,3 +57,29 @@ def test_remove_if_empty_refuses_anything_with_content(tmp_path):
   assert not run_folder.remove_if_empty(str(tmp_path / "a"))
   assert (tmp_path / "a" / "b" / "f").exists()
   assert not run_folder.remove_if_empty(str(tmp_path / "missing"))
+
+
+def test_each_external_harness_runs_in_its_own_default_folder():
+  """A run resumes from its folder, so `swe_rpr --config.agent.harness=codex` and then
+  `claude_code` must not share one: the second would resume the first's finished run."""
+  import os
+  import sys
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+  from experiments import claw_rl, swe_rpr
+  from orchard_jax.recipes.agentic.run import run_dir
+
+  folders = {}
+  for harness in ("bash", "mini_swe_agent", "codex", "claude_code"):
+    config = swe_rpr.get_config()
+    config.agent.harness = harness
+    folders[harness] = run_dir(config)
+  assert folders["bash"] == os.path.join("runs", "swe_rpr_tiny")     # the README's folder
+  assert len(set(folders.values())) == 4
+  assert folders["claude_code"] == os.path.join("runs", "swe_rpr_tiny_claude_code")
+  claw = claw_rl.get_config()
+  assert run_dir(claw) == os.path.join("runs", f"{claw.name}_tiny")   # its built-in harness
+  claw.agent.harness = "codex"
+  assert run_dir(claw) == os.path.join("runs", f"{claw.name}_tiny_codex")
+  config = swe_rpr.get_config()
+  config.agent.harness, config.workdir = "codex", "elsewhere"
+  assert run_dir(config) == "elsewhere"                              # an explicit folder wins

@@ -19,9 +19,24 @@ from orchard_jax.recipes.agentic import policy, run_folder
 from orchard_jax.recipes.agentic.domain import Domain
 
 
+# Harnesses that run their own agent loop in the sandbox (SWE's and Claw's `agent.harness`).
+EXTERNAL_HARNESSES = ("mini_swe_agent", "codex", "claude_code")
+
+
 def run_dir(config: ConfigDict) -> str:
-  """The run folder: config.workdir, or runs/<name>_<preset>."""
-  return config.workdir or os.path.join("runs", f"{config.name}_{config.preset}")
+  """The run folder: config.workdir, or runs/<name>_<preset>, followed by _<harness> when
+  agent.harness is an external one (EXTERNAL_HARNESSES).
+
+  A run resumes from what its folder holds (SFT and RL checkpoints, the store), so the same
+  experiment run under another harness must not share the folder: `--config.agent.harness=
+  codex` and then `claude_code` would otherwise resume the Codex run's finished checkpoint
+  and end at once, having run nothing under Claude Code."""
+  if config.workdir:
+    return config.workdir
+  agent = config.get("agent")
+  harness = str(agent.get("harness", "")) if agent is not None else ""
+  suffix = f"_{harness}" if harness in EXTERNAL_HARNESSES else ""
+  return os.path.join("runs", f"{config.name}_{config.preset}{suffix}")
 
 
 def split_tasks(tasks: Sequence[Any], heldout_fraction: float, task_id
