@@ -46,10 +46,25 @@ def test_expand_matches_dateutil(case):
   if byday:
     kwargs["byweekday"] = [DAYS[d] for d in byday]
   reference = list(rrule.rrule(**kwargs))
-  # Wall-clock times repeat; the instants follow each date's own UTC offset.
+  # Wall-clock times repeat; the instants follow each date's own UTC offset, a wall time in a
+  # DST gap or overlap read with fold 0 (RFC 5545 3.3.5, as rrule's results carry), except the
+  # start itself, which keeps the instant it was given (fold 1 included).
   assert [o.astimezone(zone).replace(tzinfo=None) for o in ours] == reference
   assert [o.astimezone(dt.timezone.utc) for o in ours] == [
-      r.replace(tzinfo=zone).astimezone(dt.timezone.utc) for r in reference]
+      (start if r == start_local else r.replace(tzinfo=zone)).astimezone(dt.timezone.utc)
+      for r in reference]
+
+
+def test_a_start_given_with_fold_1_in_a_dst_gap_keeps_its_instant_and_the_rest_read_fold_0():
+  """The example hypothesis found: 02:00 on 2025-03-09 does not exist in New York."""
+  zone = zoneinfo.ZoneInfo("America/New_York")
+  start = dt.datetime(2025, 3, 9, 2, 0, fold=1, tzinfo=zone)        # 06:00 UTC (EDT's offset)
+  got = timeutil.expand(timeutil.parse_rule("FREQ=DAILY;COUNT=2", "America/New_York"), start,
+                        "America/New_York", dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc),
+                        dt.datetime(2400, 1, 1, tzinfo=dt.timezone.utc))
+  assert [g.astimezone(dt.timezone.utc) for g in got] == [
+      dt.datetime(2025, 3, 9, 6, 0, tzinfo=dt.timezone.utc),
+      dt.datetime(2025, 3, 10, 6, 0, tzinfo=dt.timezone.utc)]          # 02:00 EDT
 
 
 def test_until_and_window_and_exdates():

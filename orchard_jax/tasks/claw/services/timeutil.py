@@ -265,13 +265,18 @@ def expand(rule: Rule, start: dt.datetime, tz: str, window_start: dt.datetime,
     exdates: stored UTC texts of occurrences that were deleted.
   """
   zone = time_zone(tz)
-  start_local = start.astimezone(zone).replace(tzinfo=None)
+  given = start.astimezone(zone)
+  # The occurrences repeat the start's wall time, each read as RFC 5545 section 3.3.5 reads a
+  # local time: one skipped by a DST gap with the UTC offset before the gap, an ambiguous one
+  # as its first occurrence (fold 0). Only the start itself keeps the instant it was given
+  # (e.g. the second 01:30 of a night the clocks go back, or fold 1 inside a gap).
+  start_local = given.replace(tzinfo=None, fold=0)
   excluded = set(exdates)
   found: List[dt.datetime] = []
   for n, local in enumerate(_local_starts(rule, start_local)):
     if n >= _MAX_OCCURRENCES or (rule.count is not None and n >= rule.count):
       break
-    moment = local.replace(tzinfo=zone)
+    moment = given if local == start_local else local.replace(tzinfo=zone, fold=0)
     if rule.until is not None and moment > rule.until:
       break
     if moment >= window_end:
