@@ -136,7 +136,7 @@ def step_read_bytes(config, batch: int, compulsory_bytes: float) -> float:
   unread = embedding * (1.0 - min(1.0, batch / config.vocab_size))
   if config.num_experts:
     experts = 4.0 * 3 * config.num_experts * config.hidden_size * config.moe_intermediate_size
-    moe_layers = config.num_hidden_layers   # every layer of the tiny qwen3_moe preset is MoE
+    moe_layers = sum(config.is_moe_layer(i) for i in range(config.num_hidden_layers))
     used = min(1.0, batch * config.num_experts_per_tok / config.num_experts)
     unread += moe_layers * experts * (1.0 - used)
   return compulsory_bytes - unread
