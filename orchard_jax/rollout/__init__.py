@@ -7,12 +7,13 @@ Public API (see README, section "Inference engine and recording proxy"):
     .generate([SingleGenerateRequest]) -> [GenerateResponse]; .update_params(params | model,
     weight_version=None); .update_weights_from_disk(path, load_format=None, weight_version=None);
     .model_info(); .compile_count
-  InferenceServer(engine, *, host, port, served_model_name, tool_call_parser)  context manager;
+  InferenceServer(engine, *, host, port, served_model_name, tool_call_parser,
+    max_request_bytes)  context manager;
     .url (SGLang native API; OpenAI API under url + "/v1"); create_app(engine) for uvicorn
   SGLangClient(urls, ...) / AsyncSGLangClient(urls, ...): generate, generate_batch, score,
     update_weights_from_disk, model_info, health, wait_until_ready
   RecordingProxy(upstream, *, tokenizer, store, tool_call_parser, served_model_name,
-    sampling_defaults, sampling_overrides)  context manager; .session_url(id), .end_session(id),
+    sampling_defaults, sampling_overrides, max_request_bytes)  context manager; .session_url(id), .end_session(id),
     .flush(); upstreams SGLangUpstream(urls) and OpenAIUpstream(base_url, model, api_key_env=)
   BackgroundServer(app) runs any ASGI app in a thread; save_params / load_params_from_disk.
 """

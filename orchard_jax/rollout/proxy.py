@@ -74,6 +74,8 @@ from starlette.requests import ClientDisconnect
 from orchard_jax.data import ChatTemplateError, ModelCall
 from orchard_jax.data.images import ImageError, expand_image_tokens, part_source
 from orchard_jax.rollout.background import BackgroundServer
+from orchard_jax.rollout.body_limit import (MAX_REQUEST_BYTES, BodyTooLarge, check_limit,
+                                            read_body, replayed)
 from orchard_jax.rollout.disconnect import ClientDisconnected, DisconnectWatch
 from orchard_jax.rollout.errors import (
   RequestError, RolloutError, SessionError, UpstreamError, validation_message)
@@ -90,7 +92,6 @@ from orchard_jax.rollout.wires.registry import CHAT, MESSAGES, WIRES, Wire
 from orchard_jax.rollout.wires.turn_stream import THINK_CLOSE, THINK_OPEN, TurnSplitter
 
 _log = logging.getLogger(__name__)
-MAX_REQUEST_BYTES = 64 << 20   # RecordingProxy's default max_request_bytes
 _CHECKPOINTS_KEPT = 4
 
 
@@ -427,9 +428,7 @@ class RecordingProxy:
     self.sampling_defaults = dict(sampling_defaults or {})
     self.sampling_overrides = dict(sampling_overrides or {})
     self.freeze_gc = freeze_gc
-    if max_request_bytes < 1:
-      raise ValueError(f"max_request_bytes must be at least 1; got {max_request_bytes}")
-    self.max_request_bytes = max_request_bytes
+    self.max_request_bytes = check_limit(max_request_bytes, "RecordingProxy max_request_bytes")
     if image_processor is not None and (tokenizer is None or tokenizer.image_token_id is None):
       raise RequestError("an image processor needs the policy's vision-language tokenizer "
                          "(one with <|image_pad|>)")
@@ -989,49 +988,6 @@ class RecordingProxy:
 _PREFIX = "/sessions/"
 
 
-class _BodyTooLarge(Exception):
-  """A request body over the proxy's limit (answered 413)."""
-
-
-async def _read_body(scope: dict, receive: Callable, limit: int) -> bytes:
-  """The request's body, read at most `limit` bytes far.
-
-  Raises:
-    _BodyTooLarge: the body (by its Content-Length, or as it arrives) exceeds `limit`.
-    ClientDisconnect: the caller went away before the body was complete.
-  """
-  length = next((value for name, value in scope["headers"] if name == b"content-length"), b"")
-  if length.isdigit() and int(length) > limit:
-    raise _BodyTooLarge(f"request body of {int(length)} bytes exceeds the proxy's limit of "
-                        f"{limit} bytes (RecordingProxy max_request_bytes)")
-  chunks, total = [], 0
-  while True:
-    message = await receive()
-    if message["type"] != "http.request":
-      raise ClientDisconnect()
-    chunk = message.get("body", b"")
-    total += len(chunk)
-    if total > limit:
-      raise _BodyTooLarge(f"request body of {total}+ bytes exceeds the proxy's limit of "
-                          f"{limit} bytes (RecordingProxy max_request_bytes)")
-    chunks.append(chunk)
-    if not message.get("more_body", False):
-      return b"".join(chunks)
-
-
-def _replayed(body: bytes, receive: Callable) -> Callable:
-  """An ASGI `receive` giving `body` as the whole request, then what the connection says."""
-  sent = False
-
-  async def replay() -> dict:
-    nonlocal sent
-    if not sent:
-      sent = True
-      return {"type": "http.request", "body": body, "more_body": False}
-    return await receive()
-  return replay
-
-
 class _LockedStream(StreamingResponse):
   """A streaming response that releases its session's lock once it is over, also when the
   client went away before the body's first event (its generator then never starts)."""
@@ -1103,15 +1059,16 @@ class _WireFastPath:
     path = scope.get("path", "")
     found = _wire_of(path) if scope["method"] == "POST" else None
     try:   # every route's body is bounded, count_tokens' and the session routes' too
-      body = await _read_body(scope, receive, self.proxy.max_request_bytes)
+      body = await read_body(scope, receive, self.proxy.max_request_bytes,
+                             setting="RecordingProxy max_request_bytes")
     except ClientDisconnect:
       return
-    except _BodyTooLarge as e:
+    except BodyTooLarge as e:
       wire = found[1] if found else (WIRES["messages"] if "/v1/messages" in path
                                      else WIRES["chat/completions"])
       return await wire.error(str(e), 413)(scope, receive, send)
     if found is None:
-      return await self.app(scope, _replayed(body, receive), send)
+      return await self.app(scope, replayed(body, receive), send)
     session_id, wire = found
     async with DisconnectWatch(receive) as watch:
       try:

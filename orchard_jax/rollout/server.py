@@ -18,7 +18,8 @@ OpenAI-compatible:
   POST /v1/completions              text or id prompts
 
 Errors answer {"object": "error", "message", "type", "param", "code"} with HTTP 400 for bad
-requests (the message names the field), 503 when the engine cannot serve, and a JSON 500 for a
+requests (the message names the field), 413 for a body over `max_request_bytes` (refused
+before it is read further, `body_limit`), 503 when the engine cannot serve, and a JSON 500 for a
 fault of the server itself; the connection stays usable after any of them. A client that
 disconnects before its answer aborts its engine requests (queued ones never run, running ones
 leave their batch at the next step).
@@ -42,6 +43,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from orchard_jax.data import ChatTemplateError
 from orchard_jax.data.images import image_parts
 from orchard_jax.rollout.background import BackgroundServer
+from orchard_jax.rollout.body_limit import MAX_REQUEST_BYTES, BodyLimit
 from orchard_jax.rollout.disconnect import ClientDisconnected, DisconnectWatch
 from orchard_jax.rollout.engine import Engine
 from orchard_jax.rollout.errors import RequestError, RolloutError, validation_message
@@ -109,16 +111,25 @@ async def until_disconnect(raw: fastapi.Request, awaitable: Any) -> Any:
 
 
 def create_app(engine: Engine, *, served_model_name: str = "orchard",
-               tool_call_parser: str = "qwen3") -> fastapi.FastAPI:
+               tool_call_parser: str = "qwen3",
+               max_request_bytes: int = MAX_REQUEST_BYTES) -> fastapi.FastAPI:
   """The FastAPI app serving `engine` (see the module docstring for the endpoints).
 
   Args:
     engine: a started `Engine`.
     served_model_name: the model id reported by /v1/models and in responses.
     tool_call_parser: data.TOOL_CALL_PARSERS name used by /v1/chat/completions.
+    max_request_bytes: the largest request body accepted; a longer one (by its Content-Length,
+      or as a chunked body arrives) is answered 413 before it is parsed (`body_limit`). The
+      default, 64 MiB, is far above any prompt the engine reads (images travel inline).
+  Raises:
+    ValueError: max_request_bytes is not a whole number >= 1.
   """
   app = fastapi.FastAPI(title="orchard_jax inference engine")
   app.add_middleware(JSONErrors)
+  app.add_middleware(   # added last: the outermost, so no route or middleware reads a body first
+    BodyLimit, limit=max_request_bytes, setting="InferenceServer max_request_bytes",
+    refuse=lambda message: error_response(message, 413, "RequestTooLargeError"))
   warned: set[str] = set()
 
   @app.exception_handler(RequestValidationError)
@@ -349,14 +360,15 @@ class InferenceServer:
     engine: the `Engine` to serve (started on enter, stopped on exit unless it was already
       running).
     host, port: where to listen (port 0 picks a free port; read `.url`).
-    served_model_name, tool_call_parser: see `create_app`.
+    served_model_name, tool_call_parser, max_request_bytes: see `create_app`.
   """
 
   def __init__(self, engine: Engine, *, host: str = "127.0.0.1", port: int = 0,
-               served_model_name: str = "orchard", tool_call_parser: str = "qwen3"):
+               served_model_name: str = "orchard", tool_call_parser: str = "qwen3",
+               max_request_bytes: int = MAX_REQUEST_BYTES):
     self.engine = engine
     self.app = create_app(engine, served_model_name=served_model_name,
-                          tool_call_parser=tool_call_parser)
+                          tool_call_parser=tool_call_parser, max_request_bytes=max_request_bytes)
     self._server = BackgroundServer(self.app, host=host, port=port)
     self._owns_engine = False
 
