@@ -102,6 +102,15 @@ class _BodyLimit:
     await send({"type": "http.response.body", "body": payload})
 
 
+def _close_reason(text: str) -> str:
+  """`text` cut to fit a WebSocket close frame's reason (123 bytes of UTF-8, RFC 6455 5.5),
+  at a character boundary, ending in "..." when cut."""
+  data = text.encode()
+  if len(data) <= 123:
+    return text
+  return data[:120].decode(errors="ignore") + "..."
+
+
 def _terminal_size(rows, cols) -> tuple:
   """(rows, cols) as ints of 1-1000; raises ValueError otherwise."""
   try:
@@ -408,7 +417,7 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
     except EnvError as e:   # accepted first, so the client gets the code and the reason
       await websocket.accept()
       await websocket.close(code=4401 if isinstance(e, AuthenticationError) else 4404,
-                            reason=e.message[:120])
+                            reason=_close_reason(e.message))
       return
     try:
       rows, cols = _terminal_size(rows, cols)
@@ -419,14 +428,15 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
                 .replace("command", "shell") if isinstance(e, pydantic.ValidationError)
                 else str(e))
       await websocket.accept()
-      await websocket.close(code=4422, reason=reason[:120])
+      await websocket.close(code=4422, reason=_close_reason(reason))
       return
     spec = manager.job_spec(record, request)
     spec.env["TERM"] = "xterm-256color"
     try:
       session = await manager.backend.open_pty(sandbox_id, record["ref"], spec)
-    except (NotImplementedError, EnvError) as e:
-      await websocket.close(code=4501, reason=str(e)[:120])
+    except (NotImplementedError, EnvError) as e:   # accepted first, as above
+      await websocket.accept()
+      await websocket.close(code=4501, reason=_close_reason(str(e)))
       return
     await session.resize(rows, cols)
     await websocket.accept()
@@ -462,14 +472,18 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
             await session.write(str(control.get("data", "")).encode())
 
     tasks = [asyncio.ensure_future(pump_out()), asyncio.ensure_future(pump_in())]
+    failure = None
     try:
-      await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+      done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+      if tasks[0] in done:   # the terminal closed: the shell exited, or never started
+        failure = await session.failure()
     finally:
       for task in tasks:
         task.cancel()
       await session.close()
-      try:
-        await websocket.close()
+      try:   # 4422 as for any other shell that cannot be used; 1000 after a shell's own exit
+        await (websocket.close(code=4422, reason=_close_reason(failure)) if failure
+               else websocket.close())
       except Exception:  # noqa: BLE001 - the client has already gone
         pass
 

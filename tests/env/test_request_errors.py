@@ -178,3 +178,55 @@ def test_a_bad_terminal_parameter_closes_the_pty_with_4422_naming_it(local_servi
     url = local_service.url.replace("http", "ws", 1) + f"/v1/sandboxes/{box.id}/pty?{query}"
     code, reason = asyncio.run(close_of(url))
   assert code == 4422 and expected in reason, (code, reason)
+
+
+@pytest.mark.parametrize("shell,expected", [
+    ("/bin/no-such-shell", "cannot start '/bin/no-such-shell'"),
+    ("no-such-shell", "cannot start 'no-such-shell'"),
+    ("/etc", "cannot start '/etc'"),                  # a folder, not a program
+    ("/" + "\u00e9" * 200, "cannot start '/\u00e9")])  # a reason cut to 123 bytes of UTF-8
+def test_a_shell_that_cannot_start_closes_the_pty_with_4422_naming_it(local_service, shell,
+                                                                       expected):
+  """The spawner's failure reaches the client as the close code and reason, not as a normal
+  closure (1000) that reads as a shell which ran and exited; the sandbox stays usable."""
+  import asyncio
+  import urllib.parse
+
+  import websockets
+
+  async def close_of(url):
+    async with websockets.connect(url, additional_headers={"X-API-Key": local_service.api_key},
+                                  open_timeout=30) as ws:
+      with pytest.raises(websockets.ConnectionClosed):
+        while True:   # a shell that never started writes nothing
+          await asyncio.wait_for(ws.recv(), 30)
+      return ws.close_code, ws.close_reason
+
+  with orchard_env.SandboxClient(local_service.url, local_service.api_key) as client:
+    box = client.create_sandbox()
+    url = (local_service.url.replace("http", "ws", 1) + f"/v1/sandboxes/{box.id}/pty?"
+           + urllib.parse.urlencode({"shell": shell}))
+    code, reason = asyncio.run(close_of(url))
+    assert box.exec("echo still here").stdout == "still here\n"
+  assert code == 4422 and reason.startswith(expected), (code, reason)
+  assert len(reason.encode()) <= 123
+
+
+def test_a_shell_that_exits_closes_the_pty_normally(local_service):
+  import asyncio
+
+  import websockets
+
+  async def close_of(url):
+    async with websockets.connect(url, additional_headers={"X-API-Key": local_service.api_key},
+                                  open_timeout=30) as ws:
+      await ws.send(b"exit 3\n")
+      with pytest.raises(websockets.ConnectionClosed):
+        while True:
+          await asyncio.wait_for(ws.recv(), 30)
+      return ws.close_code
+
+  with orchard_env.SandboxClient(local_service.url, local_service.api_key) as client:
+    box = client.create_sandbox()
+    url = local_service.url.replace("http", "ws", 1) + f"/v1/sandboxes/{box.id}/pty"
+    assert asyncio.run(close_of(url)) == 1000

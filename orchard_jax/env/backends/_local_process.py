@@ -146,6 +146,14 @@ class _LocalPty(PtySession):
     import termios
     fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
+  async def failure(self):
+    status = self.process.status
+    try:   # the terminal closed: the status pipe's last line is at most moments behind
+      await asyncio.wait_for(status.ended.wait(), 5)
+    except asyncio.TimeoutError:
+      return None
+    return status.error
+
   async def close(self) -> None:
     await self.process.kill_tree()
     if self.master is not None:

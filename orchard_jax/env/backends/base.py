@@ -64,6 +64,12 @@ class PtySession(abc.ABC):
   async def close(self) -> None:
     """Kills the shell and frees the terminal."""
 
+  async def failure(self) -> Optional[str]:
+    """Once `read` has returned b"": why the shell could not be started (the spawner's one
+    line, naming the shell: "cannot start '/bin/zsh': No such file or directory"), or None when
+    it started and then exited, or when the backend cannot tell."""
+    return None
+
 
 class Backend(abc.ABC):
   """A place where sandboxes run. All methods are called on the orchestrator's event loop."""
