@@ -2,8 +2,14 @@
 
 Any config field can be overridden from the command line, e.g.
 `--config.rl.lr=3e-6`; a field the config does not have is an error (the config is locked).
-`--print_config` prints the config with the overrides applied and exits. The config's `job`
-field names the recipe to run (see orchard_jax.recipes.JOBS).
+`--print_config` prints the config with the overrides applied, as plain YAML (the form a
+training run saves in its run folder as config.yaml), and exits. The config's `job` field names
+the recipe to run (see orchard_jax.recipes.JOBS).
+
+A training job resumes from what its run folder holds only when the folder's saved config has
+the same identity fields (model, tokenizer, task set, harness, algorithm, seed...); otherwise it
+stops before any work, naming the fields (orchard_jax/recipes/agentic/run_config.py;
+README "Run folders and resuming").
 """
 import os
 import sys
@@ -31,6 +37,7 @@ def main(argv):
   if config is None:
     raise app.UsageError("--config is required, e.g. --config experiments/swe_rpr.py")
   from orchard_jax import recipes      # light: recipe modules load only when their job runs
+  from orchard_jax.recipes.agentic import run_config
   try:
     recipes.check_job(config)          # a typo: one line, before any work
     recipes.check_values(config)       # a NaN, a sampling setting no engine takes
@@ -38,7 +45,7 @@ def main(argv):
     sys.stderr.write(f"error: {e}\n")
     sys.exit(2)
   if _PRINT_CONFIG.value:
-    sys.stdout.write(str(config))
+    sys.stdout.write(run_config.to_yaml(config))
     return
   # Compiled programs are reused from disk by later processes and by a second engine of the
   # same shapes in this one (ORCHARD_JAX_COMPILATION_CACHE=0 turns it off; compile_cache.py).
@@ -56,7 +63,7 @@ def main(argv):
     import jax
     logging.info("process %d of %d joined the multi-host run", jax.process_index(),
                  jax.process_count())
-  logging.info("job %s with config:\n%s", config.get("job"), config)
+  logging.info("job %s with config:\n%s", config.get("job"), run_config.to_yaml(config))
   try:
     result = recipes.run_job(config)
   except recipes.ConfigError as e:     # a missing checkpoint, predictions file, tokenizer...

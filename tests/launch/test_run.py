@@ -395,8 +395,10 @@ def test_print_config_lists_the_fields_with_overrides_and_runs_nothing(tmp_path)
   result = _run(["--config", "experiments/swe_rpr.py", "--config.rl.lr=3e-6",
                  f"--config.workdir={workdir}", "--print_config"])
   assert result.returncode == 0, result.stderr[-2000:]
-  printed = yaml.unsafe_load(result.stdout)       # ConfigDict's str is YAML (tuples tagged)
+  assert "!!python" not in result.stdout           # plain YAML: tuples are lists
+  printed = yaml.safe_load(result.stdout)
   assert printed["job"] == "swe.rl" and printed["rl"]["lr"] == 3e-6
+  assert printed["eval"]["splits"] == ["train", "heldout"]
   assert printed["workdir"] == str(workdir) and not workdir.exists()
   result = _run(["--config", "experiments/swe_rpr.py", "--config.sampling.top_p=3",
                  "--print_config"])
