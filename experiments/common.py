@@ -112,6 +112,8 @@ def rl_base(preset="tiny"):
   c.name = "run"                     # experiment name: store records and run folder carry it
   c.preset = preset
   c.workdir = ""                     # "" = runs/<name>_<preset> (cluster: $ORCHARD_CHECKPOINT_DIR)
+  c.resume = "auto"                  # resume only a run of the same identity from the folder;
+                                     # "force": whatever it holds (agentic/run_config.py)
   c.seed = 0
   c.progress = True
   c.policy = ml_collections.ConfigDict(dict(

@@ -14,6 +14,7 @@ def get_config(preset="tiny"):
   config.job = "lm.sft"
   config.preset = preset                      # models.get_preset(name)
   config.workdir = f"runs/lm_sft_{preset}"    # checkpoints/, metrics.jsonl, tensorboard/
+  config.resume = "auto"     # "force": resume the folder's run even if its identity differs
   # ModelConfig overrides of the preset: bfloat16 compute over float32 master weights is
   # dtype="bfloat16", param_dtype="float32" (AdamW moments follow param_dtype).
   config.model = ml_collections.ConfigDict(dict(dtype="float32", param_dtype="float32",

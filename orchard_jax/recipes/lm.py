@@ -17,6 +17,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from orchard_jax import data, models, parallel, recipes, train
+from orchard_jax.recipes.agentic import run_config
 
 def split_heldout(texts: list[str], heldout_fraction: float) -> tuple[list[str], list[str]]:
   """Deterministic file-level split: a file is held out when crc32(text) falls in the fraction."""
@@ -81,12 +82,15 @@ def sft(config: ConfigDict) -> dict[str, Any]:
   Returns:
     {"heldout_loss", "unigram_loss", "train_loss", "steps", "workdir", ...}.
   Raises:
-    recipes.ConfigError: train.total_steps below 1 or optimizer settings OptimizerConfig
-      refuses (before any work).
+    recipes.ConfigError: train.total_steps below 1, workdir holding another run
+      (run_config.RunFolderMismatch) or optimizer settings OptimizerConfig refuses (before any
+      work).
   """
   dc, tc = config.data, config.train
   if int(tc.total_steps) < 1:       # checked before the corpus is read and tokenised
     raise recipes.ConfigError(f"train.total_steps is {tc.total_steps}; expected at least 1")
+  # The trainer resumes from workdir/checkpoints: only a run of the same identity may.
+  run_config.check_resume(config, config.workdir)
   try:
     optimizer = train.OptimizerConfig(total_steps=tc.total_steps, **dict(config.optimizer))
   except train.TrainError as e:
@@ -115,6 +119,7 @@ def sft(config: ConfigDict) -> dict[str, Any]:
   model_config = _model_config(config, tokenizer.vocab_size)
   model = parallel.create_sharded(
       lambda: models.CausalLM(model_config, rngs=nnx.Rngs(config.train.seed)), mesh)
+  run_config.save_config(config, config.workdir)   # the trainer's folder, from here on
   trainer_config = train.TrainerConfig(
       workdir=config.workdir, total_steps=tc.total_steps, optimizer=optimizer,
       microbatches=tc.microbatches,

@@ -59,6 +59,23 @@ def test_remove_if_empty_refuses_anything_with_content(tmp_path):
   assert not run_folder.remove_if_empty(str(tmp_path / "missing"))
 
 
+def test_the_runs_own_saved_config_does_not_keep_its_folder(tmp_path):
+  """A training run saves config.yaml first; failing before any output it leaves no folder,
+  but a config.yaml among other files, or one deeper down, is kept."""
+  (tmp_path / "a" / "store").mkdir(parents=True)
+  (tmp_path / "a" / "config.yaml").write_text("job: x\n")
+  assert run_folder.remove_if_empty(str(tmp_path / "a"), ignore=("config.yaml",))
+  assert not (tmp_path / "a").exists()
+  (tmp_path / "b").mkdir()
+  (tmp_path / "b" / "config.yaml").write_text("job: x\n")
+  (tmp_path / "b" / "tasks.json").write_text("{}")
+  assert not run_folder.remove_if_empty(str(tmp_path / "b"), ignore=("config.yaml",))
+  assert (tmp_path / "b" / "config.yaml").exists()
+  (tmp_path / "c" / "sft").mkdir(parents=True)
+  (tmp_path / "c" / "sft" / "config.yaml").write_text("job: x\n")
+  assert not run_folder.remove_if_empty(str(tmp_path / "c"), ignore=("config.yaml",))
+
+
 def test_each_external_harness_runs_in_its_own_default_folder():
   """A run resumes from its folder, so `swe_rpr --config.agent.harness=codex` and then
   `claude_code` must not share one: the second would resume the first's finished run."""

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from ml_collections import ConfigDict
 
 from orchard_jax.recipes import ConfigError
-from orchard_jax.recipes.agentic import checks, evaluation, policy, sft as sft_lib
+from orchard_jax.recipes.agentic import checks, evaluation, policy, run_folder, sft as sft_lib
 from orchard_jax.recipes.agentic.domain import Domain
 from orchard_jax.recipes.agentic.rollouts import RolloutRunner
 from orchard_jax.recipes.agentic.run import RunContext, run_dir
@@ -93,7 +93,7 @@ def train_sft(config: ConfigDict, domain: Domain) -> dict:
   checks.check_sft_config(config)
   domain.check_config("sft")
   checks.check_sft_source(config)
-  run = RunContext(config, domain)
+  run = RunContext(config, domain, resumes=True)
   try:
     checks.check_batch_sizes(config, ("sft",))      # needs the devices; before any training
     with domain.environment() as env:
@@ -198,7 +198,7 @@ def train_rl(config: ConfigDict, domain: Domain) -> dict:
   c = config
   _check_rl(c, domain)
   main_process = jax.process_index() == 0
-  run = RunContext(config, domain)
+  run = RunContext(config, domain, resumes=True)
   history: list[dict] = []
   started = time.perf_counter()
   try:
@@ -401,7 +401,8 @@ def train_value(config: ConfigDict) -> dict:
   from orchard_jax.recipes.agentic import value as value_lib
   checks.check_cluster_settings(config, ("workdir",))
   directory = run_dir(config)
-  tokenizer = policy.load_tokenizer(config.policy)
-  report = value_lib.fit_value(config, directory, parallel.make_mesh(config.mesh), tokenizer)
+  with run_folder.run_folder(directory, config):  # another run's folder: stops here
+    tokenizer = policy.load_tokenizer(config.policy)
+    report = value_lib.fit_value(config, directory, parallel.make_mesh(config.mesh), tokenizer)
   print(value_lib.format_value_report(report), flush=True)
   return report

@@ -1,9 +1,11 @@
 """What every stage of one run shares: the run folder, tokenizer, mesh, trajectory store, the
 domain's tasks and their train / held-out split.
 
-The run folder is removed again on close (or a failure here) when this run created it and it
-still holds no file: a run that failed before producing anything leaves no empty folder
-(run_folder.py).
+A training stage's run (`resumes=True`) first checks the folder's saved config against its own
+and saves its config there (run_config.py: a folder holding another run stops it). The run
+folder is removed again on close (or a failure here) when this run created it and it still
+holds no file but that config: a run that failed before producing anything leaves no empty
+folder (run_folder.py).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any, Optional, Sequence
 
 from ml_collections import ConfigDict
 
+from orchard_jax.recipes.agentic import run_config
 from orchard_jax.recipes.agentic import policy, run_folder
 from orchard_jax.recipes.agentic.domain import Domain
 
@@ -60,12 +63,16 @@ class RunContext:
     tasks: every task of the domain's set; train_all / heldout: their split by
       tasks.heldout_fraction.
     store: the run's `data.TrajectoryStore` (store.path, or <dir>/store).
+  Args:
+    resumes: the run resumes from what its folder holds (SFT, RL): the folder's saved config
+      is checked and this run's saved (run_config.check_resume, run_config.save_config).
   Raises:
-    ConfigError: policy.init names no checkpoint, engine sizes the embedded engine refuses, or
-      the domain's task set cannot be loaded (checked in that order, before anything is built).
+    ConfigError: policy.init names no checkpoint, engine sizes the embedded engine refuses,
+      the folder holds another run (run_config.RunFolderMismatch), or the domain's task set
+      cannot be loaded (checked in that order, before anything is built).
   """
 
-  def __init__(self, config: ConfigDict, domain: Domain):
+  def __init__(self, config: ConfigDict, domain: Domain, *, resumes: bool = False):
     from orchard_jax import data, parallel
     from orchard_jax.recipes.agentic.serving import engine_config
     self.config = config
@@ -75,8 +82,12 @@ class RunContext:
     if not str(config.engine.urls).strip():  # the embedded engine's sizes, likewise
       engine_config(config.engine)
     self.dir = run_dir(config)
+    if resumes:
+      run_config.check_resume(config, self.dir)
     self._created_dir = run_folder.create_run_folder(self.dir)
     try:
+      if resumes:
+        run_config.save_config(config, self.dir)
       for name in ("httpx", "httpcore"):   # one INFO line per sandbox and model call otherwise
         logging.getLogger(name).setLevel(logging.WARNING)
       self.store_path = config.store.path or os.path.join(self.dir, "store")
@@ -106,7 +117,7 @@ class RunContext:
 
   def _remove_dir_if_empty(self) -> None:
     if self._created_dir:
-      run_folder.remove_if_empty(self.dir)
+      run_folder.remove_if_empty(self.dir, ignore=(run_config.CONFIG_FILE,))
 
   def task_ids(self, tasks: Sequence[Any]) -> list[str]:
     return [self.domain.task_id(t) for t in tasks]
