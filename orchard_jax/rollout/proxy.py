@@ -85,6 +85,7 @@ from orchard_jax.rollout.openai_chat import (
 from orchard_jax.rollout.openai_protocol import ChatCompletionRequest, ChatCompletionResponse
 from orchard_jax.rollout.protocol import SamplingParams
 from orchard_jax.rollout.multimodal import ChatImages, resolve_chat_images
+from orchard_jax.rollout.offload import OFF_LOOP_BYTES, off_loop
 from orchard_jax.rollout.recorder import RecordWriter
 from orchard_jax.rollout.server import JSONErrors, error_response
 from orchard_jax.rollout.upstream import OpenAIUpstream, SGLangUpstream
@@ -174,6 +175,7 @@ class _Call:
   params: SamplingParams
   wire: str
   images: Optional[ChatImages] = None    # a vision-language chat's images, in prompt order
+  size: int = 0                          # the request body's bytes (offload.off_loop)
 
   def image_urls(self) -> Optional[list[str]]:
     """The images as data URLs for the upstream's image_data (None without images)."""
@@ -588,7 +590,8 @@ class RecordingProxy:
     Raises:
       RolloutError: RequestError for an invalid body, UpstreamError, SessionError.
     """
-    request, wire_request = wire.parse(raw_body)
+    size = len(raw_body)   # a large request's parsing and rendering run off the event loop
+    request, wire_request = await off_loop(size, wire.parse, raw_body)
     if not self.upstream.text_only:  # we render the prompt; a hosted API checks its own
       check_chat_request(request, images=self.image_processor is not None)
     session = self.sessions.get(session_id)
@@ -598,7 +601,7 @@ class RecordingProxy:
     partials = call = None
     try:
       if not self.upstream.text_only and request.stream:
-        call = self._plan_call(session, request, wire.name)
+        call = await off_loop(size, self._plan_call, session, request, wire.name, size)
         # The first result (after prefill and one decode step) is awaited before the answer
         # starts, so a request the upstream refuses is an HTTP error, as when not streamed.
         partials = self.upstream.generate_stream(
@@ -615,7 +618,7 @@ class RecordingProxy:
         data, commit = await self._text_only_call(session, request, wire.name)
         response = self._text_only_response(wire, wire_request, request, data)
       else:
-        chat, commit = await self._token_call(session, request, wire.name)
+        chat, commit = await self._token_call(session, request, wire.name, size)
         response = Response(wire.body(wire_request, chat, self.served_model_name),
                             media_type="application/json")
       self._reserve(session.id)   # flush() waits for the record from here on
@@ -714,14 +717,15 @@ class RecordingProxy:
   async def _count_tokens(self, raw_body: bytes) -> Response:
     """`/v1/messages/count_tokens`: the prompt's length in the policy's tokens, rendered from
     scratch (Anthropic's shape, {"input_tokens": n})."""
-    request, _ = MESSAGES.parse(raw_body)
+    request, _ = await off_loop(len(raw_body), MESSAGES.parse, raw_body)
     if self.tokenizer is None:
       raise RequestError("count_tokens needs the policy's tokenizer (a token-level upstream)")
     check_chat_request(request)
     try:
-      ids = self.tokenizer.render_chat(template_messages(request.messages),
-                                       request.offered_tools(), add_generation_prompt=True,
-                                       **dict(request.chat_template_kwargs or {}))
+      ids = await off_loop(len(raw_body), self.tokenizer.render_chat,
+                           template_messages(request.messages), request.offered_tools(),
+                           add_generation_prompt=True,
+                           **dict(request.chat_template_kwargs or {}))
     except ChatTemplateError as e:
       raise RequestError(f"the chat template cannot render these messages: {e}") from None
     return Response(orjson.dumps({"input_tokens": len(ids)}), media_type="application/json")
@@ -775,9 +779,10 @@ class RecordingProxy:
     return list(images.digests)
 
   def _plan_call(self, session: _Session, request: ChatCompletionRequest,
-                 wire: str = "chat_completions") -> "_Call":
+                 wire: str = "chat_completions", size: int = 0) -> "_Call":
     """The prompt ids and sampling settings of one call (nothing sent yet; the session is
-    not changed).
+    not changed). `size`: the request body's bytes; a large call is planned in a worker
+    thread (`offload.off_loop`), so this touches no event-loop object.
 
     Raises:
       RequestError: invalid sampling settings, or messages the chat template cannot render.
@@ -803,16 +808,16 @@ class RecordingProxy:
         raise RequestError(f"the chat template's image placeholders: {e}") from None
       plan = dataclasses.replace(plan, ids=ids)
     return _Call(started_at, t0, time.perf_counter(), messages, tools, kwargs, plan, params, wire,
-                 images)
+                 images, size)
 
   async def _token_call(self, session: _Session, request: ChatCompletionRequest,
-                        wire: str = "chat_completions"
+                        wire: str = "chat_completions", size: int = 0
                         ) -> tuple[ChatCompletionResponse, Callable[[bool], None]]:
     """One chat completion through a token-level upstream: the response, and the function
     that commits the call to the session and records it once delivery is known
     (`_finish_call`). A caller that goes away meanwhile cancels this, and the call is recorded
     undelivered (`_record_abandoned`)."""
-    call = self._plan_call(session, request, wire)
+    call = await off_loop(size, self._plan_call, session, request, wire, size)
     try:
       out = await self.upstream.generate(call.plan.ids, call.params, session_id=session.id,
                                          top_logprobs_num=request.top_logprobs or 0,
@@ -878,7 +883,9 @@ class RecordingProxy:
                                + [request_cp, answer_cp])[-2 * _CHECKPOINTS_KEPT:]
         session.latest = answer_cp
         system = [messages[0]] if messages[0].get("role") == "system" else []
-        session.unprepared = (answer_cp, system + template_messages([returned]), tools, kwargs)
+        if call.size < OFF_LOOP_BYTES:   # a large one's next call renders in a worker thread
+          session.unprepared = (answer_cp, system + template_messages([returned]), tools,
+                                kwargs)
         session.prompt_tokens += len(plan.ids)
         session.completion_tokens += len(out.output_ids)
 

@@ -47,6 +47,7 @@ from orchard_jax.rollout.body_limit import MAX_REQUEST_BYTES, BodyLimit
 from orchard_jax.rollout.disconnect import ClientDisconnected, DisconnectWatch
 from orchard_jax.rollout.engine import Engine
 from orchard_jax.rollout.errors import RequestError, RolloutError, validation_message
+from orchard_jax.rollout.offload import OFF_LOOP_BYTES, off_loop
 from orchard_jax.rollout.openai_chat import (
   assistant_message, chat_completion, check_chat_request, sampling_params_of,
   stream_chat_chunks, template_messages, token_logprobs)
@@ -154,10 +155,10 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
 
   async def submit(single: SingleGenerateRequest, **kwargs) -> Any:
     # A request with images is read and preprocessed as it is submitted (tens to hundreds
-    # of ms for a screenshot): off the event loop, so other requests are not held up.
-    if single.image_data:
-      return await asyncio.to_thread(engine.submit, single, **kwargs)
-    return engine.submit(single, **kwargs)
+    # of ms for a screenshot), a long text prompt tokenised: off the event loop, so other
+    # requests are not held up.
+    size = OFF_LOOP_BYTES if single.image_data else len(single.text or "")
+    return await off_loop(size, engine.submit, single, **kwargs)
 
   async def run(single: SingleGenerateRequest) -> GenerateResponse:
     return await asyncio.wrap_future(await submit(single))
@@ -256,8 +257,8 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
     check_chat_request(request, images=reads_images)
     tools = request.offered_tools()
     messages = template_messages(request.messages)
-    prompt = engine.tokenizer.render_chat(messages, tools, add_generation_prompt=True,
-                                          **(request.chat_template_kwargs or {}))
+    prompt = await off_loop(len(await raw.body()), engine.tokenizer.render_chat, messages, tools,
+                            add_generation_prompt=True, **(request.chat_template_kwargs or {}))
     params = sampling_params_of(request, request.max_new_tokens)
     want_logprobs = request.logprobs or bool(request.top_logprobs)
     out = await until_disconnect(raw, run(SingleGenerateRequest(
