@@ -39,6 +39,8 @@ def get_config(preset="tiny"):
   config.job = "swe_distill.collect"
   config.experiment = "swe_distill"   # stored on every trajectory; resuming and stats filter on it
   config.workdir = f"runs/swe_distill_{preset}"   # store/, eval_logs/, stats/, export/
+  config.resume = "auto"              # "force": continue the folder's collection even when its
+                                      # teacher, task set or experiment differ
   config.store = ""                   # trajectory store folder ("" = workdir/store)
   config.progress = True
 

@@ -210,6 +210,24 @@ def test_swe_rl_in_another_runs_folder_stops_before_any_work(tmp_path):
   assert (folder / "config.yaml").read_text() == before
 
 
+def test_a_distillation_with_another_teacher_stops_before_loading_tasks(tmp_path):
+  """Collection skips the attempts its store already holds for the experiment: another
+  teacher's would count as done."""
+  from experiments import swe_distill as experiment
+  from orchard_jax.recipes.swe import distill
+  folder = tmp_path / "distill"
+  saved = experiment.get_config()
+  saved.teacher.checkpoint = "runs/swe_sft_tiny"
+  run_config.save_config(saved, str(folder))
+  config = experiment.get_config()
+  config.workdir = str(folder)
+  config.tasks.dataset = str(tmp_path / "never_read.jsonl")     # loading it would fail
+  with pytest.raises(run_config.RunFolderMismatch,
+                     match="teacher.checkpoint 'runs/swe_sft_tiny' -> ''"):
+    distill.collect(config)
+  assert os.listdir(folder) == ["config.yaml"]
+
+
 def test_launch_refuses_with_one_line_and_status_2(tmp_path):
   """The entry point a user runs (lm_sft: its check comes before the corpus is read)."""
   import subprocess

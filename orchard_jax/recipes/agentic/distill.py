@@ -217,41 +217,45 @@ def collect(config: ConfigDict, domain: Domain) -> CollectionSummary:
   progress = bool(config.get("progress", True))
   dc = config.distill
   domain.check_config("distill")
-  tasks = list(domain.load_tasks())
   budget = Budget(int(dc.max_attempts), float(dc.max_wall_time_s), int(dc.max_tokens))
   sampling = {k: v for k, v in dict(config.sampling).items() if v is not None}
   if not sampling.get("max_tokens"):
     sampling.pop("max_tokens", None)
-  # A run that fails before storing anything (e.g. a teacher that does not load) leaves no
-  # empty run folder behind (run_folder.py).
-  with run_folder.run_folder(config.workdir), data.TrajectoryStore(store_path(config)) as store:
-    todo, done = pending_attempts(tasks, int(dc.attempts_per_task), store,
-                                  experiment=config.experiment, task_id=domain.task_id,
-                                  retry_aborted=bool(dc.retry_aborted))
-    print(f"tasks: {len(tasks)} x {dc.attempts_per_task} attempts; {done} already stored, "
-          f"{len(todo)} to run; store: {store.root}", flush=True)
-    if todo:
-      with domain.environment() as env, \
-          distillation_teacher(config.teacher, store,
-                               max_batch_size=int(dc.parallel)) as teacher:
-        print(f"teacher: {teacher.description}", flush=True)
-        summary = collect_trajectories(
-            domain, tasks, env, teacher, store, experiment=config.experiment,
-            attempts_per_task=int(dc.attempts_per_task), sampling=sampling,
-            parallel=int(dc.parallel), budget=budget, retry_aborted=bool(dc.retry_aborted),
-            evaluate=bool(dc.evaluate), log_dir=os.path.join(config.workdir, "eval_logs"),
-            progress=progress)
-        description = teacher.description
-    else:
-      summary = CollectionSummary(planned=len(tasks) * int(dc.attempts_per_task), skipped=done)
-      description = None
-    print(summary.table(), flush=True)
-    with open(os.path.join(config.workdir, "collect_summary.json"), "w") as f:
-      json.dump({**dataclasses.asdict(summary), "teacher": description}, f, indent=2)
-    tokenizer = (load_tokenizer(config.stats.tokenizer, field="stats.tokenizer")
-                 if config.stats.tokenizer else None)
-    stats = data.dataset_stats(store.trajectories(experiment=config.experiment), store=store,
-                               tokenizer=tokenizer, max_tokens=int(config.stats.max_tokens) or None,
-                               image_tokens=student_image_tokens(config, store))
-    print(f"\nstore, experiment {config.experiment!r}:\n{stats.table()}", flush=True)
+  # The store's attempts are continued only by a collection of the same identity (teacher,
+  # task set, experiment; run_config.py), checked before the task set is loaded. A run that
+  # fails before storing anything (e.g. a teacher that does not load) leaves no empty run
+  # folder behind (run_folder.py).
+  with run_folder.run_folder(config.workdir, config):
+    tasks = list(domain.load_tasks())
+    with data.TrajectoryStore(store_path(config)) as store:
+      todo, done = pending_attempts(tasks, int(dc.attempts_per_task), store,
+                                    experiment=config.experiment, task_id=domain.task_id,
+                                    retry_aborted=bool(dc.retry_aborted))
+      print(f"tasks: {len(tasks)} x {dc.attempts_per_task} attempts; {done} already stored, "
+            f"{len(todo)} to run; store: {store.root}", flush=True)
+      if todo:
+        with domain.environment() as env, \
+            distillation_teacher(config.teacher, store,
+                                 max_batch_size=int(dc.parallel)) as teacher:
+          print(f"teacher: {teacher.description}", flush=True)
+          summary = collect_trajectories(
+              domain, tasks, env, teacher, store, experiment=config.experiment,
+              attempts_per_task=int(dc.attempts_per_task), sampling=sampling,
+              parallel=int(dc.parallel), budget=budget, retry_aborted=bool(dc.retry_aborted),
+              evaluate=bool(dc.evaluate), log_dir=os.path.join(config.workdir, "eval_logs"),
+              progress=progress)
+          description = teacher.description
+      else:
+        summary = CollectionSummary(planned=len(tasks) * int(dc.attempts_per_task), skipped=done)
+        description = None
+      print(summary.table(), flush=True)
+      with open(os.path.join(config.workdir, "collect_summary.json"), "w") as f:
+        json.dump({**dataclasses.asdict(summary), "teacher": description}, f, indent=2)
+      tokenizer = (load_tokenizer(config.stats.tokenizer, field="stats.tokenizer")
+                   if config.stats.tokenizer else None)
+      stats = data.dataset_stats(store.trajectories(experiment=config.experiment), store=store,
+                                 tokenizer=tokenizer,
+                                 max_tokens=int(config.stats.max_tokens) or None,
+                                 image_tokens=student_image_tokens(config, store))
+      print(f"\nstore, experiment {config.experiment!r}:\n{stats.table()}", flush=True)
   return summary

@@ -19,14 +19,17 @@ meaningless):
                     training subset; Claw's and GUI's task sources), the SFT source and
                     variants, the value model's stores; lm's data.tokenizer, corpus, held-out
                     split and data.seed, train.seed
+  distillation      the experiment label on the stored trajectories and the teacher (api,
+                    model, checkpoint, preset, seed, tokenizer, tool-call parser)
   the agent         agent.harness; GUI's observation, tools and browser.viewport
   the algorithm     sft.enabled, sft.mode, rl.reward, opd.mode / teacher_init / teacher_preset /
                     divergence, the judges' and annotator's kind and model
-Safe to change (everything else): iteration, epoch and step counts (rl.iterations, sft.epochs,
-train.total_steps: extending a run), learning rates and other optimiser hyperparameters, batch
+Safe to change (everything else): iteration, epoch, step and attempt counts (rl.iterations,
+sft.epochs, train.total_steps, distill.attempts_per_task: extending a run), tasks.limit (more
+or fewer of the same task set's instances), learning rates and other optimiser settings, batch
 sizes, microbatches and sequence lengths, evaluation (eval.*), logging, progress, checkpoint
 frequency and retention, where and how it runs (workdir, store.path, env, engine, mesh,
-sampling, agent limits, timeouts), and `resume` itself.
+sampling, agent limits, timeouts, a teacher endpoint's url), and `resume` itself.
 
 A field only one of the two configs has (a field a code change added or removed) is not
 compared. A folder holding files but no config.yaml (a run written before configs were saved)
@@ -56,7 +59,7 @@ IDENTITY_FIELDS = frozenset((
     "sft.train_last_layers", "rl.train_last_layers", "sft.frozen", "rl.frozen", "sft.method",
     # the data: task sets (SWE, Claw, GUI), SFT sources, value stores, lm's corpus
     "tasks.dataset", "tasks.packages", "tasks.instances_per_package",
-    "tasks.max_candidates_per_package", "tasks.seed", "tasks.limit", "tasks.heldout_fraction",
+    "tasks.max_candidates_per_package", "tasks.seed", "tasks.heldout_fraction",
     "tasks.train_tasks", "tasks.selection", "tasks.per_package",
     "tasks.synth_count", "tasks.synth_seed", "tasks.train_file", "tasks.eval_dir",
     "tasks.distractor_tools", "tasks.miniwob", "tasks.miniwob_seeds",
@@ -65,6 +68,9 @@ IDENTITY_FIELDS = frozenset((
     "value.stores", "value.experiments", "value.heldout_fraction", "value.every_position",
     "data.tokenizer", "data.max_chars_per_file", "data.heldout_fraction", "data.seed",
     "train.seed",
+    # distillation: what labels the store's trajectories and the teacher that writes them
+    "experiment", "teacher.api", "teacher.model", "teacher.checkpoint", "teacher.preset",
+    "teacher.seed", "teacher.tokenizer", "teacher.tool_call_parser",
     # the agent
     "agent.harness", "agent.observation", "agent.tools", "browser.viewport",
     # the algorithm
