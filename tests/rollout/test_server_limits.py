@@ -105,3 +105,13 @@ def test_the_error_says_whether_more_bytes_were_coming():
   assert str(BodyTooLarge(5000, 4096, "S", partial=True)) == (
     "request body of 5000+ bytes exceeds the limit of 4096 bytes (S)")
   assert "of 5000 bytes" in str(BodyTooLarge(5000, 4096, "S", partial=False))
+
+
+@pytest.mark.parametrize("content,expected", [
+    (b"xx", "request body: Invalid JSON"), (b"[1, 2]", "request body: Input should be an object"),
+    (b'{"input_ids": [1], "sampling_params": {"max_tokens": 3}}', "max_new_tokens")])
+def test_a_generate_body_that_is_not_a_request_is_a_one_line_400(server, content, expected):
+  response = httpx.post(server.url + "/generate", content=content, timeout=60)
+  assert response.status_code == 400, response.text
+  message = response.json()["message"]
+  assert expected in message and "\n" not in message, message
