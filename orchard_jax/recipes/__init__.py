@@ -42,6 +42,11 @@ JOBS = {
 }
 
 
+# config.resume: resume only a run of the same identity from the run folder, or whatever it
+# holds (agentic/run_config.py).
+RESUME_MODES = ("auto", "force")
+
+
 class ConfigError(ValueError):
   """The config names something that does not exist or cannot be used (a job, a checkpoint, a
   predictions file, a tokenizer, a store): the user's mistake, which launch/run.py reports as
@@ -94,10 +99,10 @@ def load_tokenizer(name: str, *, field: str):
 
 def check_values(config: ConfigDict) -> None:
   """Refuses, before any work, values no job can use, which the command line parses without
-  complaint: a NaN anywhere in the config (`--config.rl.lr=nan`), and a `sampling` block
-  outside what every engine accepts (temperature finite and >= 0, top_p in (0, 1],
-  max_tokens >= 0). The engines refused such sampling request by request, after the task set
-  and SFT, as rollouts aborted minutes into the run.
+  complaint: a NaN anywhere in the config (`--config.rl.lr=nan`), a `resume` mode not in
+  RESUME_MODES, and a `sampling` block outside what every engine accepts (temperature finite
+  and >= 0, top_p in (0, 1], max_tokens >= 0). The engines refused such sampling request by
+  request, after the task set and SFT, as rollouts aborted minutes into the run.
 
   Raises:
     ConfigError: names the field, its value and what was expected.
@@ -105,6 +110,8 @@ def check_values(config: ConfigDict) -> None:
   for field, value in _leaves(config):
     if isinstance(value, float) and math.isnan(value):
       raise ConfigError(f"{field} is nan; expected a number")
+  if config.get("resume", "auto") not in RESUME_MODES:
+    raise ConfigError(f"resume is {config.resume!r}; expected one of {RESUME_MODES}")
   sampling = config.get("sampling")
   if not isinstance(sampling, ConfigDict):
     return

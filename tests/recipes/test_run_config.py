@@ -228,6 +228,14 @@ def test_a_distillation_with_another_teacher_stops_before_loading_tasks(tmp_path
   assert os.listdir(folder) == ["config.yaml"]
 
 
+def test_an_unknown_resume_mode_is_refused_before_launch(tmp_path):
+  """A sweep point or a Job's --set is checked on the laptop (launch/overrides.py)."""
+  config = overrides.load_experiment("experiments/swe_rpr.py")
+  with pytest.raises(overrides.OverrideError, match=r"resume is 'forse'; expected one of"):
+    overrides.check(config, [("resume", "forse")], flag="--set")
+  overrides.check(config, [("resume", "force")], flag="--set")
+
+
 def test_launch_refuses_with_one_line_and_status_2(tmp_path):
   """The entry point a user runs (lm_sft: its check comes before the corpus is read)."""
   import subprocess

@@ -45,10 +45,9 @@ from typing import Any, Iterator, Mapping
 import yaml
 from ml_collections import ConfigDict
 
-from orchard_jax.recipes import ConfigError
+from orchard_jax.recipes import RESUME_MODES, ConfigError
 
 CONFIG_FILE = "config.yaml"
-RESUME_MODES = ("auto", "force")   # config.resume: check the identity / continue regardless
 
 IDENTITY_FIELDS = frozenset((
     # what runs
