@@ -389,6 +389,24 @@ def test_pty_shell_over_websocket(client, service):
         ws.recv(timeout=5)
 
 
+@pytest.mark.parametrize("shell", ["/bin/no-such-shell", "no-such-shell"])
+def test_pty_with_a_shell_that_cannot_start_closes_with_4422_naming_it(client, service, shell):
+  """Either backend runs the shell asked for, and one that cannot start is the close code and
+  reason, not a normal closure (the Kubernetes agent ran its own shell whatever was asked)."""
+  import urllib.parse
+
+  from websockets.exceptions import ConnectionClosed
+  with client.create_sandbox() as box:
+    url = box.pty_url() + "?" + urllib.parse.urlencode({"shell": shell})
+    with connect(url, additional_headers={"X-API-Key": service.api_key}) as ws:
+      with pytest.raises(ConnectionClosed):
+        while True:
+          ws.recv(timeout=30)
+    assert ws.close_code == 4422 and f"cannot start {shell!r}" in ws.close_reason, (
+      ws.close_code, ws.close_reason)
+    assert box.exec("echo still here").stdout == "still here\n"
+
+
 
 
 # ---------------------------------------------------------------------------- reasons

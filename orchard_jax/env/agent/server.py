@@ -359,9 +359,12 @@ def build_app(token: str, workdir: str = "/") -> fastapi.FastAPI:
     return out
 
   @app.websocket("/pty")
-  async def pty(websocket: fastapi.WebSocket, rows: int = 24, cols: int = 80):
+  async def pty(websocket: fastapi.WebSocket, rows: int = 24, cols: int = 80,
+                argv: Optional[str] = None):
     """A shell on a pseudo-terminal: binary frames carry bytes both ways; text frames are JSON
-    {"type": "resize", "rows", "cols"}. Authenticated like the other routes."""
+    {"type": "resize", "rows", "cols"}. Authenticated like the other routes. `argv`: the
+    command as a JSON list (default: bash, else sh, interactive); one that cannot start
+    closes the socket with 4422 and a reason naming it."""
     given = websocket.headers.get("authorization") or ""
     if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
       await websocket.close(code=4401)
@@ -370,13 +373,32 @@ def build_app(token: str, workdir: str = "/") -> fastapi.FastAPI:
     import json
     import struct
     import termios
+    try:
+      command = json.loads(argv) if argv else [
+        "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh", "-i"]
+      if not (isinstance(command, list) and command
+              and all(isinstance(a, str) and "\0" not in a for a in command)):
+        raise ValueError
+    except ValueError:
+      await websocket.accept()
+      await websocket.close(code=4422, reason="argv must be a JSON list of strings")
+      return
     master, slave = os.openpty()
     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
     env = dict(base_env, TERM="xterm-256color")
-    process = subprocess.Popen([shell, "-i"], stdin=slave, stdout=slave, stderr=slave,
-                               cwd=workdir, env=env, start_new_session=True,
-                               preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    try:
+      process = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave,
+                                 cwd=workdir, env=env, start_new_session=True,
+                                 preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    except OSError as e:   # the spawner's wording (local backend), cut to a close reason
+      os.close(master)
+      os.close(slave)
+      await websocket.accept()
+      reason = f"cannot start {command[0]!r}: {os.strerror(e.errno) if e.errno else e}"
+      encoded = reason.encode()
+      await websocket.close(code=4422, reason=reason if len(encoded) <= 123
+                            else encoded[:120].decode(errors="ignore") + "...")
+      return
     os.close(slave)
     _OURS.add(process.pid)
     child = _Child(process)

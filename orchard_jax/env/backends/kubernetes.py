@@ -442,8 +442,12 @@ class KubernetesBackend(Backend):
     return response.json()
 
   async def open_pty(self, sandbox_id, ref, spec):
+    import json
+    import urllib.parse
+
     from websockets.asyncio.client import connect
-    url = f"ws://{ref['ip']}:{ref['port']}/pty"
+    url = (f"ws://{ref['ip']}:{ref['port']}/pty?"
+           + urllib.parse.urlencode({"argv": json.dumps(spec.argv)}))
     try:
       ws = await connect(url, additional_headers={"Authorization": f"Bearer {ref['token']}"},
                          max_size=None, ping_interval=None)
@@ -473,11 +477,22 @@ class _AgentPty(PtySession):
     return message if isinstance(message, bytes) else message.encode()
 
   async def write(self, data: bytes) -> None:
-    await self.ws.send(data)
+    await self._send(data)
 
   async def resize(self, rows: int, cols: int) -> None:
     import json
-    await self.ws.send(json.dumps({"type": "resize", "rows": rows, "cols": cols}))
+    await self._send(json.dumps({"type": "resize", "rows": rows, "cols": cols}))
+
+  async def _send(self, message) -> None:
+    from websockets.exceptions import ConnectionClosed
+    try:
+      await self.ws.send(message)
+    except ConnectionClosed:   # the shell ended (or never started): `read` and `failure` say so
+      pass
+
+  async def failure(self):
+    # The agent closes with 4422 and the reason when the shell cannot start.
+    return self.ws.close_reason if self.ws.close_code == 4422 else None
 
   async def close(self) -> None:
     await self.ws.close()
