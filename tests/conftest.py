@@ -28,3 +28,13 @@ import tempfile  # noqa: E402
 os.environ.setdefault("MSWEA_GLOBAL_CONFIG_DIR", tempfile.mkdtemp(prefix="mswea-config-"))
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+# Hypothesis for every property test: no per-example deadline, since a deadline times the
+# machine, not the code (on a loaded 2-core CI runner a pure-Python example can pass 200 ms,
+# and a jitted one always does on its first, compiling call), and failures print the
+# @reproduce_failure blob, so an example drawn once in CI can be replayed exactly. A test's own
+# @settings still override both.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("orchard", deadline=None, print_blob=True)
+_hypothesis_settings.load_profile("orchard")
