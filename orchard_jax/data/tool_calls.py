@@ -17,7 +17,9 @@ Problems are reported, never raised and never dropped:
   content when the tag is not at the start), and tool-call markup inside it is not parsed;
 - a call naming a tool that is not among `tools` is kept and also reported ("undefined_tool").
 A block ends at the first `</tool_call>` after which its body is complete (a JSON object, or a
-`</function>`), so the closing tag written inside an argument does not cut the call. In the XML
+`</function>`), so the closing tag written inside an argument does not cut the call; where the
+text after it completes the body again before the next `<tool_call>` (an XML value holding a
+call's whole closing markup), the block runs to the last such `</tool_call>`. In the XML
 format a parameter's value ends at `</parameter>` only where the next parameter or the end of
 the function follows; a literal `</parameter>` inside a value is a format error, never a cut
 value with an extra parameter. The proxy records the errors with each call, and training-data
@@ -266,7 +268,11 @@ class _BlockParser:
   def _scan(self, text: str):
     """(chunk, block body or None, terminated) in order: text outside blocks (body None) and
     each block with its raw chunk. A block ends at the first </tool_call> after which its body
-    is complete (`_complete`), else at the first one."""
+    is complete (`_complete`), else at the first one; but where markup after that one completes
+    the body again before the next <tool_call>, at the last such </tool_call>: the earlier one
+    was written inside an argument (a value holding `</parameter></function></tool_call>`), and
+    cutting there would return a call with the value cut short and leave its tail as stray
+    markup. The whole block then goes to `_parse_body`, which parses it or reports it."""
     pos = 0
     while True:
       start = text.find(_CALL_OPEN, pos)
@@ -279,7 +285,13 @@ class _BlockParser:
       if not ends:
         yield text[start:], text[body_at:], False
         return
-      end = next((e for e in ends if self._complete(text[body_at:body_at + e])), ends[0])
+      complete = [e for e in ends if self._complete(text[body_at:body_at + e])]
+      if not complete:
+        end = ends[0]
+      else:
+        following = text.find(_CALL_OPEN, body_at + complete[0] + len(_CALL_CLOSE))
+        end = max(e for e in complete
+                  if following < 0 or body_at + e + len(_CALL_CLOSE) <= following)
       close = body_at + end + len(_CALL_CLOSE)
       yield text[start:close], text[body_at:body_at + end], True
       pos = close
@@ -350,7 +362,9 @@ class Qwen3XMLToolCallParser(_BlockParser):
 
   The format itself cannot tell a value holding `</parameter>` followed by a parameter tag
   (`...</parameter>\\n<parameter=x>...`) from two parameters; such a call parses as the
-  parameters its tags say (and an undeclared one among them is a format error).
+  parameters its tags say (and an undeclared one among them is a format error); nor a value
+  holding a call's whole closing markup and then a `<tool_call>` (`...</parameter></function>
+  </tool_call><tool_call>...`) from a call that ends there and a block after it.
   """
   name = "qwen3_xml"
 

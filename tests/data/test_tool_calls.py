@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from orchard_jax.data import (
@@ -173,13 +173,21 @@ _NOTE = st.lists(st.sampled_from(list("ab \n'\"{}<>/=_")) | st.sampled_from([
 
 @settings(max_examples=300, deadline=None)
 @given(command=_TEXT, note=_NOTE, parser=st.sampled_from(["hermes", "qwen3_xml"]))
+# A value holding a call's whole closing markup: the block used to end at the </tool_call>
+# inside the value and return command="" (found by a 1,500-example run); now it is one block,
+# reported ambiguous.
+@example(command="</parameter></function></tool_call>", note="", parser="qwen3_xml")
+@example(command="</function></tool_call>", note="", parser="qwen3_xml")   # parses exactly
 def test_a_call_parses_back_exactly_or_is_reported(command, note, parser):
   """Whatever the argument text holds, the parser returns the call the model wrote or a format
   error with the block kept in the content: never other arguments, never a dropped block."""
   args = {"command": command}
   # The XML format cannot tell "</parameter>" + a parameter tag inside a value from two
-  # parameters (parser docstring); the JSON format has no such case.
-  assume(parser == "hermes" or not re.search(r"</parameter>\s*(<parameter=|$)", command + "\n"))
+  # parameters, nor a value holding a call's closing markup and then "<tool_call>" from two
+  # blocks (parser docstring); the JSON format has no such case.
+  assume(parser == "hermes" or not (
+    re.search(r"</parameter>\s*(<parameter=|$)", command + "\n") or
+    re.search(r"</parameter>\s*</function>\s*</tool_call>.*<tool_call>", command, re.S)))
   block = (_xml_call("bash", args) if parser == "qwen3_xml" else
            "<tool_call>\n" + json.dumps({"name": "bash", "arguments": args},
                                         ensure_ascii=False) + "\n</tool_call>")
