@@ -87,7 +87,7 @@ from orchard_jax.rollout.protocol import SamplingParams
 from orchard_jax.rollout.multimodal import ChatImages, resolve_chat_images
 from orchard_jax.rollout.offload import OFF_LOOP_BYTES, off_loop
 from orchard_jax.rollout.recorder import RecordWriter
-from orchard_jax.rollout.server import JSONErrors, error_response
+from orchard_jax.rollout.server import JSONErrors, answer_bytes, error_response
 from orchard_jax.rollout.upstream import OpenAIUpstream, SGLangUpstream
 from orchard_jax.rollout.wires.registry import CHAT, MESSAGES, WIRES, Wire
 from orchard_jax.rollout.wires.turn_stream import THINK_CLOSE, THINK_OPEN, TurnSplitter
@@ -619,7 +619,10 @@ class RecordingProxy:
         response = self._text_only_response(wire, wire_request, request, data)
       else:
         chat, commit = await self._token_call(session, request, wire.name, size)
-        response = Response(wire.body(wire_request, chat, self.served_model_name),
+        logprobs = chat.choices[0].logprobs
+        entries = sum(1 + len(c.top_logprobs) for c in logprobs.content) if logprobs else 0
+        response = Response(await off_loop(100 * entries, wire.body, wire_request, chat,
+                                           self.served_model_name),
                             media_type="application/json")
       self._reserve(session.id)   # flush() waits for the record from here on
     except BaseException as e:
@@ -682,7 +685,8 @@ class RecordingProxy:
             except StopAsyncIteration:
               raise UpstreamError("the upstream stream ended before the turn finished") from None
         last = stream.delta(*splitter.finish(out.text))
-        response, commit = self._finish_call(session, request, call, out, time.perf_counter())
+        response, commit = await off_loop(_answer_size(request, out), self._finish_call,
+                                          session, request, call, out, time.perf_counter())
       except RolloutError as e:
         _log.warning("streamed call of session %s failed: %s", session.id, e)
         yield stream.fail(str(e), _rollout_status(e))
@@ -825,7 +829,9 @@ class RecordingProxy:
     except asyncio.CancelledError:   # the caller went away: the upstream request was closed
       self._record_abandoned(session, call)
       raise
-    return self._finish_call(session, request, call, out, time.perf_counter())
+    # A long turn's parsing and log-probs (with top_logprobs, seconds) run off the event loop.
+    return await off_loop(_answer_size(request, out), self._finish_call, session, request, call,
+                          out, time.perf_counter())
 
   def _segment_of(self, session: _Session, plan: PromptPlan) -> int:
     """The call's segment: the session's, plus one when the prompt does not extend the last
@@ -993,6 +999,12 @@ class RecordingProxy:
 
 
 _PREFIX = "/sessions/"
+
+
+def _answer_size(request: ChatCompletionRequest, out: Any) -> int:
+  """About how many bytes of JSON the answer to `out` takes (`offload.off_loop`'s size)."""
+  return answer_bytes(out, request.top_logprobs or 0,
+                      bool(request.logprobs or request.top_logprobs))
 
 
 class _LockedStream(StreamingResponse):

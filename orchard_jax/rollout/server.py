@@ -273,21 +273,31 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
       input_ids=prompt, sampling_params=params, return_logprob=want_logprobs,
       top_logprobs_num=request.top_logprobs or 0, rid=request.rid,
       image_data=(image_parts(messages) or None) if reads_images else None)))
-    message, _ = assistant_message(out.text, tools, parser=tool_call_parser,
-                                   separate_reasoning=request.separate_reasoning)
-    logprobs = None
-    if want_logprobs:
-      logprobs = token_logprobs(engine.tokenizer, out.output_ids, out.output_logprobs,
-                                out.meta_info.output_top_logprobs, request.top_logprobs or 0)
-    finish = out.meta_info.finish_reason
-    response = chat_completion(
-      request, message=message, finish_type=finish.type if finish else None,
-      matched=finish.matched if finish else None, prompt_tokens=out.meta_info.prompt_tokens,
-      completion_tokens=out.meta_info.completion_tokens, logprobs=logprobs,
-      model=request.model or served_model_name)
+
+    def answer() -> tuple[Any, Any]:
+      # Parsing the turn, detokenising its log-probs and serialising the answer grow with the
+      # output times top_logprobs (16K tokens with 20 each: ~350K objects, seconds of CPU).
+      message, _ = assistant_message(out.text, tools, parser=tool_call_parser,
+                                     separate_reasoning=request.separate_reasoning)
+      logprobs = None
+      if want_logprobs:
+        logprobs = token_logprobs(engine.tokenizer, out.output_ids, out.output_logprobs,
+                                  out.meta_info.output_top_logprobs, request.top_logprobs or 0)
+      finish = out.meta_info.finish_reason
+      response = chat_completion(
+        request, message=message, finish_type=finish.type if finish else None,
+        matched=finish.matched if finish else None, prompt_tokens=out.meta_info.prompt_tokens,
+        completion_tokens=out.meta_info.completion_tokens, logprobs=logprobs,
+        model=request.model or served_model_name)
+      if request.stream:
+        return response, None
+      return response, response.model_dump_json(exclude_none=True)
+
+    response, body = await off_loop(answer_bytes(out, request.top_logprobs or 0, want_logprobs),
+                                     answer)
     if request.stream:
       return StreamingResponse(stream_chat_chunks(response), media_type="text/event-stream")
-    return response.model_dump(mode="json", exclude_none=True)
+    return fastapi.Response(body, media_type="application/json")
 
   @app.post("/v1/completions")
   async def completions(request: CompletionRequest, raw: fastapi.Request):
@@ -337,6 +347,13 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
     ).model_dump(mode="json", exclude_none=True)
 
   return app
+
+
+def answer_bytes(out: GenerateResponse, top_logprobs: int, logprobs: bool) -> int:
+  """About how many bytes of JSON a chat answer to `out` takes (`offload.off_loop`'s size):
+  its text, and ~100 per returned log-prob entry."""
+  entries = len(out.output_ids) * (1 + top_logprobs) if logprobs else 0
+  return len(out.text) + 100 * entries
 
 
 async def _stream(future: asyncio.Future, updates: asyncio.Queue) -> AsyncIterator[str]:

@@ -1,6 +1,7 @@
-"""One client's huge prompt does not hold up another client's requests: the inference server
-and the recording proxy render and tokenise a large request off their event loop
-(`rollout.offload`), and `data.Tokenizer.encode` releases the GIL on long texts.
+"""One client's huge prompt, or long answer with top log-probs, does not hold up another
+client's requests: the inference server and the recording proxy render and tokenise a large
+request, and build a large answer, off their event loop (`rollout.offload`), and
+`data.Tokenizer.encode` releases the GIL on long texts.
 
 Each test watches the real tokenizer (a subclass that flags when a multi-megabyte text's
 encoding starts and ends; the encoding itself is the real one) and asserts an ordering, not a
@@ -8,6 +9,7 @@ speed: a small call sent once the huge prompt's encoding has started is answered
 encoding ends. Before the fix the small call waited for the whole encoding (12-14 s for 5 MB).
 """
 import threading
+import time
 
 import httpx
 import pytest
@@ -85,3 +87,68 @@ def test_the_server_answers_a_small_call_while_a_huge_prompt_is_tokenised(engine
   assert small.status_code == 200, small.text
   assert not ended_first, "the small call waited for the huge prompt's tokenisation"
   assert huge.status_code == 400 and "tokens" in huge.text, huge.text
+
+
+class _SlowDetokenizer(Tokenizer):
+  """The real tokenizer, counting the one-id decodes of an answer's log-probs, each 0.1 ms
+  slower (as a large vocabulary's would be), so that building a long answer takes seconds."""
+
+  def __init__(self, base: Tokenizer):
+    super().__init__(base.hf, name=base.name)
+    self.decodes, self.decoding = 0, threading.Event()
+
+  def decode(self, ids, **kwargs):
+    if len(ids) == 1:
+      self.decodes += 1
+      self.decoding.set()
+      time.sleep(1e-4)
+    return super().decode(ids, **kwargs)
+
+
+_LONG = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 900, "ignore_eos": True,
+         "logprobs": True, "top_logprobs": 20}
+
+
+def _small_call_during_long_answer(slow: _SlowDetokenizer, long_url: str, small_url: str):
+  """(small response, one-id decodes done when it was answered, decodes in all, long one)."""
+  long = {}
+
+  def send_long():
+    with httpx.Client(timeout=300) as http:
+      long["response"] = http.post(long_url, json=_LONG)
+
+  sender = threading.Thread(target=send_long)
+  sender.start()
+  try:
+    assert slow.decoding.wait(120), "the long answer's log-probs were never detokenised"
+    with httpx.Client(timeout=120) as http:
+      small = http.post(small_url, json=SMALL)
+    at_small = slow.decodes
+  finally:
+    sender.join(300)
+  return small, at_small, slow.decodes, long["response"]
+
+
+def test_the_proxy_answers_a_small_call_while_a_long_answer_is_built(engine, tokenizer):
+  slow = _SlowDetokenizer(tokenizer)
+  with InferenceServer(engine) as server, \
+       RecordingProxy(SGLangUpstream(server.url), tokenizer=slow) as proxy:
+    small, at_small, total, long = _small_call_during_long_answer(
+      slow, proxy.session_url("long") + "/chat/completions",
+      proxy.session_url("small") + "/chat/completions")
+  assert small.status_code == 200 and long.status_code == 200, (small.text, long.text[:300])
+  content = long.json()["choices"][0]["logprobs"]["content"]
+  assert len(content) == 900 and all(len(c["top_logprobs"]) == 20 for c in content)
+  assert at_small < total, "the small call waited for the long answer to be built"
+
+
+def test_the_server_answers_a_small_call_while_a_long_answer_is_built(engine, tokenizer,
+                                                                      monkeypatch):
+  slow = _SlowDetokenizer(tokenizer)
+  monkeypatch.setattr(engine, "tokenizer", slow)   # the routes' tokenizer; restored after
+  with InferenceServer(engine) as server:
+    small, at_small, total, long = _small_call_during_long_answer(
+      slow, server.url + "/v1/chat/completions", server.url + "/v1/chat/completions")
+  assert small.status_code == 200 and long.status_code == 200, (small.text, long.text[:300])
+  assert len(long.json()["choices"][0]["logprobs"]["content"]) == 900
+  assert at_small < total, "the small call waited for the long answer to be built"
