@@ -315,43 +315,50 @@ def create_app(engine: Engine, *, served_model_name: str = "orchard",
       sampling_params=params, return_logprob=want, top_logprobs_num=request.logprobs or 0)
       for p in prompts]
     results = await until_disconnect(raw, asyncio.gather(*[run(s) for s in singles]))
-    choices, prompt_tokens, completion_tokens = [], 0, 0
-    for i, (p, out) in enumerate(zip(prompts, results)):
-      text = out.text
-      if request.echo:
-        text = (p if isinstance(p, str) else engine.tokenizer.decode(p)) + text
-      logprobs = None
-      if want:
-        logprobs = CompletionLogprobs()
-        offset = 0
-        tops = out.meta_info.output_top_logprobs or [None] * len(out.output_ids)
-        for token_id, lp, top in zip(out.output_ids, out.output_logprobs, tops):
-          token = engine.tokenizer.decode([token_id])
-          logprobs.tokens.append(token)
-          logprobs.token_logprobs.append(lp)
-          logprobs.text_offset.append(offset)
-          logprobs.top_logprobs.append(
-            {engine.tokenizer.decode([e[1]]): e[0] for e in top} if top else None)
-          offset += len(token)
-      finish = out.meta_info.finish_reason
-      choices.append(CompletionChoice(
-        index=i, text=text, logprobs=logprobs,
-        finish_reason=openai_finish_reason(finish.type if finish else None, False),
-        matched_stop=finish.matched if finish else None))
-      prompt_tokens += out.meta_info.prompt_tokens
-      completion_tokens += out.meta_info.completion_tokens
-    return CompletionResponse(
-      model=request.model or served_model_name, choices=choices,
-      usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                  total_tokens=prompt_tokens + completion_tokens)
-    ).model_dump(mode="json", exclude_none=True)
+
+    def answer() -> str:   # detokenising echoes and log-probs: off the loop when long
+      choices, prompt_tokens, completion_tokens = [], 0, 0
+      for i, (p, out) in enumerate(zip(prompts, results)):
+        text = out.text
+        if request.echo:
+          text = (p if isinstance(p, str) else engine.tokenizer.decode(p)) + text
+        logprobs = None
+        if want:
+          logprobs = CompletionLogprobs()
+          offset = 0
+          tops = out.meta_info.output_top_logprobs or [None] * len(out.output_ids)
+          for token_id, lp, top in zip(out.output_ids, out.output_logprobs, tops):
+            token = engine.tokenizer.decode([token_id])
+            logprobs.tokens.append(token)
+            logprobs.token_logprobs.append(lp)
+            logprobs.text_offset.append(offset)
+            logprobs.top_logprobs.append(
+              {engine.tokenizer.decode([e[1]]): e[0] for e in top} if top else None)
+            offset += len(token)
+        finish = out.meta_info.finish_reason
+        choices.append(CompletionChoice(
+          index=i, text=text, logprobs=logprobs,
+          finish_reason=openai_finish_reason(finish.type if finish else None, False),
+          matched_stop=finish.matched if finish else None))
+        prompt_tokens += out.meta_info.prompt_tokens
+        completion_tokens += out.meta_info.completion_tokens
+      return CompletionResponse(
+        model=request.model or served_model_name, choices=choices,
+        usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                    total_tokens=prompt_tokens + completion_tokens)
+      ).model_dump_json(exclude_none=True)
+
+    size = sum(answer_bytes(out, request.logprobs or 0, want) for out in results)
+    if request.echo:
+      size += sum(len(p) * (1 if isinstance(p, str) else 8) for p in prompts)
+    return fastapi.Response(await off_loop(size, answer), media_type="application/json")
 
   return app
 
 
 def answer_bytes(out: GenerateResponse, top_logprobs: int, logprobs: bool) -> int:
-  """About how many bytes of JSON a chat answer to `out` takes (`offload.off_loop`'s size):
-  its text, and ~100 per returned log-prob entry."""
+  """About how many bytes of JSON an answer (chat or completion) to `out` takes
+  (`offload.off_loop`'s size): its text, and ~100 per returned log-prob entry."""
   entries = len(out.output_ids) * (1 + top_logprobs) if logprobs else 0
   return len(out.text) + 100 * entries
 

@@ -109,13 +109,14 @@ _LONG = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 900, "ig
          "logprobs": True, "top_logprobs": 20}
 
 
-def _small_call_during_long_answer(slow: _SlowDetokenizer, long_url: str, small_url: str):
+def _small_call_during_long_answer(slow: _SlowDetokenizer, long_url: str, small_url: str,
+                                   body: dict = _LONG):
   """(small response, one-id decodes done when it was answered, decodes in all, long one)."""
   long = {}
 
   def send_long():
     with httpx.Client(timeout=300) as http:
-      long["response"] = http.post(long_url, json=_LONG)
+      long["response"] = http.post(long_url, json=body)
 
   sender = threading.Thread(target=send_long)
   sender.start()
@@ -142,13 +143,18 @@ def test_the_proxy_answers_a_small_call_while_a_long_answer_is_built(engine, tok
   assert at_small < total, "the small call waited for the long answer to be built"
 
 
+@pytest.mark.parametrize("route,body", [
+    ("/v1/chat/completions", _LONG),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 900, "ignore_eos": True,
+                         "logprobs": 20})])
 def test_the_server_answers_a_small_call_while_a_long_answer_is_built(engine, tokenizer,
-                                                                      monkeypatch):
+                                                                      monkeypatch, route, body):
   slow = _SlowDetokenizer(tokenizer)
   monkeypatch.setattr(engine, "tokenizer", slow)   # the routes' tokenizer; restored after
   with InferenceServer(engine) as server:
     small, at_small, total, long = _small_call_during_long_answer(
-      slow, server.url + "/v1/chat/completions", server.url + "/v1/chat/completions")
+      slow, server.url + route, server.url + "/v1/chat/completions", body)
   assert small.status_code == 200 and long.status_code == 200, (small.text, long.text[:300])
-  assert len(long.json()["choices"][0]["logprobs"]["content"]) == 900
+  logprobs = long.json()["choices"][0]["logprobs"]
+  assert len(logprobs.get("content") or logprobs.get("tokens")) == 900
   assert at_small < total, "the small call waited for the long answer to be built"
