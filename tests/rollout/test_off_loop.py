@@ -10,6 +10,7 @@ encoding ends. Before the fix the small call waited for the whole encoding (12-1
 """
 import threading
 import time
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -43,24 +44,33 @@ def _huge_call() -> dict:
   return {"messages": [{"role": "user", "content": text[:HUGE_CHARS]}], "max_tokens": 2}
 
 
-def _small_call_during_huge(watched: _WatchedTokenizer, huge_url: str, small_url: str):
-  """(small response, whether the huge encoding had ended when it arrived, huge response)."""
-  huge = {}
+def _small_call_while(big_url: str, big_body: dict, begun: threading.Event,
+                      progress: Callable[[], Any], small_url: str) -> tuple:
+  """Sends `big_body` to `big_url` from a thread and, once `begun` is set (its heavy work has
+  started), a small call to `small_url`: (small response, `progress()` when the small call was
+  answered, the big call's response)."""
+  big = {}
 
-  def send_huge():
+  def send_big():
     with httpx.Client(timeout=300) as http:
-      huge["response"] = http.post(huge_url, json=_huge_call())
+      big["response"] = http.post(big_url, json=big_body)
 
-  sender = threading.Thread(target=send_huge)
+  sender = threading.Thread(target=send_big)
   sender.start()
   try:
-    assert watched.started.wait(120), "the huge prompt was never tokenised"
+    assert begun.wait(120), "the big call's heavy work never began"
     with httpx.Client(timeout=120) as http:
       small = http.post(small_url, json=SMALL)
-    ended_first = watched.finished.is_set()
+    seen = progress()
   finally:
     sender.join(300)
-  return small, ended_first, huge["response"]
+  return small, seen, big["response"]
+
+
+def _small_call_during_huge(watched: _WatchedTokenizer, huge_url: str, small_url: str):
+  """(small response, whether the huge encoding had ended when it arrived, huge response)."""
+  return _small_call_while(huge_url, _huge_call(), watched.started, watched.finished.is_set,
+                           small_url)
 
 
 def test_the_proxy_answers_a_small_call_while_a_huge_prompt_is_tokenised(engine, tokenizer):
@@ -112,22 +122,9 @@ _LONG = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 900, "ig
 def _small_call_during_long_answer(slow: _SlowDetokenizer, long_url: str, small_url: str,
                                    body: dict = _LONG):
   """(small response, one-id decodes done when it was answered, decodes in all, long one)."""
-  long = {}
-
-  def send_long():
-    with httpx.Client(timeout=300) as http:
-      long["response"] = http.post(long_url, json=body)
-
-  sender = threading.Thread(target=send_long)
-  sender.start()
-  try:
-    assert slow.decoding.wait(120), "the long answer's log-probs were never detokenised"
-    with httpx.Client(timeout=120) as http:
-      small = http.post(small_url, json=SMALL)
-    at_small = slow.decodes
-  finally:
-    sender.join(300)
-  return small, at_small, slow.decodes, long["response"]
+  small, at_small, long = _small_call_while(long_url, body, slow.decoding, lambda: slow.decodes,
+                                            small_url)
+  return small, at_small, slow.decodes, long
 
 
 def test_the_proxy_answers_a_small_call_while_a_long_answer_is_built(engine, tokenizer):
