@@ -19,10 +19,12 @@ OpenAI-compatible:
 
 Errors answer {"object": "error", "message", "type", "param", "code"} with HTTP 400 for bad
 requests (the message names the field), 413 for a body over `max_request_bytes` (refused
-before it is read further, `body_limit`), 503 when the engine cannot serve, and a JSON 500 for a
-fault of the server itself; the connection stays usable after any of them. A client that
+before it is read further, `body_limit`), 503 when the engine cannot serve, and a JSON 500 for
+a fault of the server itself; the connection stays usable after any of them. A client that
 disconnects before its answer aborts its engine requests (queued ones never run, running ones
-leave their batch at the next step).
+leave their batch at the next step). A large request's parsing, rendering and tokenising, and a
+long answer's detokenising and serialising, run off the event loop (`offload.off_loop`), so one
+client's 5 MB prompt does not hold up the others.
 
 Example (in-process, e.g. in a recipe or test):
   with InferenceServer(engine) as server:
