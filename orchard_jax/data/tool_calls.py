@@ -363,8 +363,9 @@ class Qwen3XMLToolCallParser(_BlockParser):
   The format itself cannot tell a value holding `</parameter>` followed by a parameter tag
   (`...</parameter>\\n<parameter=x>...`) from two parameters; such a call parses as the
   parameters its tags say (and an undeclared one among them is a format error); nor a value
-  holding a call's whole closing markup and then a `<tool_call>` (`...</parameter></function>
-  </tool_call><tool_call>...`) from a call that ends there and a block after it.
+  holding a call's closing markup and then a `<tool_call>` (`...</function></tool_call>
+  <tool_call>...`) from a block that ends there and a block after it: such text parses as the
+  blocks its tags say.
   """
   name = "qwen3_xml"
 

@@ -184,10 +184,12 @@ def test_a_call_parses_back_exactly_or_is_reported(command, note, parser):
   args = {"command": command}
   # The XML format cannot tell "</parameter>" + a parameter tag inside a value from two
   # parameters, nor a value holding a call's closing markup and then "<tool_call>" from two
-  # blocks (parser docstring); the JSON format has no such case.
+  # blocks (parser docstring; a 12,000-example run drew
+  # '</function></tool_call><tool_call><function=x><parameter=command>', which reads as a broken
+  # block and a call of x); the JSON format has no such case.
   assume(parser == "hermes" or not (
     re.search(r"</parameter>\s*(<parameter=|$)", command + "\n") or
-    re.search(r"</parameter>\s*</function>\s*</tool_call>.*<tool_call>", command, re.S)))
+    re.search(r"</function>\s*</tool_call>.*<tool_call>", command, re.S)))
   block = (_xml_call("bash", args) if parser == "qwen3_xml" else
            "<tool_call>\n" + json.dumps({"name": "bash", "arguments": args},
                                         ensure_ascii=False) + "\n</tool_call>")
