@@ -105,7 +105,7 @@ def _still_fine(service, boxes):
   target, bystander = boxes
   assert bystander.exec("echo alive", timeout=30).stdout == "alive\n"
   assert target.refresh()["state"] == "ready"
-  assert httpx.get(service.url + "/health").json()["status"] == "ok"
+  assert httpx.get(service.url + "/health", timeout=120).json()["status"] == "ok"
 
 
 _SETTINGS = settings(max_examples=50, deadline=None, derandomize=True,
