@@ -46,7 +46,7 @@ from orchard_jax.env import fast_path as _fast_path
 from orchard_jax.env import store as _store
 from orchard_jax.env import tenants as _tenants
 from orchard_jax.env.errors import (AuthenticationError, EnvError, InvalidRequest, NotFound,
-                                    PayloadTooLarge, PermissionDenied)
+                                    PayloadTooLarge, PermissionDenied, close_reason)
 from orchard_jax.env.manager import SandboxManager, public_sandbox
 
 _log = logging.getLogger("orchard_jax.env.app")
@@ -100,15 +100,6 @@ class _BodyLimit:
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(payload)).encode())]})
     await send({"type": "http.response.body", "body": payload})
-
-
-def _close_reason(text: str) -> str:
-  """`text` cut to fit a WebSocket close frame's reason (123 bytes of UTF-8, RFC 6455 5.5),
-  at a character boundary, ending in "..." when cut."""
-  data = text.encode()
-  if len(data) <= 123:
-    return text
-  return data[:120].decode(errors="ignore") + "..."
 
 
 def _terminal_size(rows, cols) -> tuple:
@@ -417,7 +408,7 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
     except EnvError as e:   # accepted first, so the client gets the code and the reason
       await websocket.accept()
       await websocket.close(code=4401 if isinstance(e, AuthenticationError) else 4404,
-                            reason=_close_reason(e.message))
+                            reason=close_reason(e.message))
       return
     try:
       rows, cols = _terminal_size(rows, cols)
@@ -428,7 +419,7 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
                 .replace("command", "shell") if isinstance(e, pydantic.ValidationError)
                 else str(e))
       await websocket.accept()
-      await websocket.close(code=4422, reason=_close_reason(reason))
+      await websocket.close(code=4422, reason=close_reason(reason))
       return
     spec = manager.job_spec(record, request)
     spec.env["TERM"] = "xterm-256color"
@@ -436,7 +427,7 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
       session = await manager.backend.open_pty(sandbox_id, record["ref"], spec)
     except (NotImplementedError, EnvError) as e:   # accepted first, as above
       await websocket.accept()
-      await websocket.close(code=4501, reason=_close_reason(str(e)))
+      await websocket.close(code=4501, reason=close_reason(str(e)))
       return
     await session.resize(rows, cols)
     await websocket.accept()
@@ -482,7 +473,7 @@ def build_app(manager: SandboxManager, api_keys, *, admin_keys=None,
         task.cancel()
       await session.close()
       try:   # 4422 as for any other shell that cannot be used; 1000 after a shell's own exit
-        await (websocket.close(code=4422, reason=_close_reason(failure)) if failure
+        await (websocket.close(code=4422, reason=close_reason(failure)) if failure
                else websocket.close())
       except Exception:  # noqa: BLE001 - the client has already gone
         pass

@@ -7,6 +7,20 @@ the same class on the client side that the service raised on the server side.
 from typing import Optional
 
 
+# A WebSocket close frame's reason holds at most 123 bytes of UTF-8 (RFC 6455 5.5).
+_CLOSE_REASON_BYTES = 123
+
+
+def close_reason(text: str) -> str:
+  """`text` cut to fit a WebSocket close frame's reason (123 bytes of UTF-8, RFC 6455 5.5), at
+  a character boundary, ending in "..." when cut: the service's and the in-pod agent's
+  terminal closes both use it."""
+  data = text.encode()
+  if len(data) <= _CLOSE_REASON_BYTES:
+    return text
+  return data[:_CLOSE_REASON_BYTES - 3].decode(errors="ignore") + "..."
+
+
 class EnvError(Exception):
   """Base class of every error raised by Orchard Env (service, SDK and backends)."""
   status_code = 500

@@ -30,6 +30,7 @@ from fastapi import responses
 
 from orchard_jax.env import jobs as _jobs
 from orchard_jax.env.backends import _pipes
+from orchard_jax.env.errors import close_reason
 
 TOKEN_ENV = "ORCHARD_AGENT_TOKEN"
 
@@ -394,10 +395,8 @@ def build_app(token: str, workdir: str = "/") -> fastapi.FastAPI:
       os.close(master)
       os.close(slave)
       await websocket.accept()
-      reason = f"cannot start {command[0]!r}: {os.strerror(e.errno) if e.errno else e}"
-      encoded = reason.encode()
-      await websocket.close(code=4422, reason=reason if len(encoded) <= 123
-                            else encoded[:120].decode(errors="ignore") + "...")
+      await websocket.close(code=4422, reason=close_reason(
+        f"cannot start {command[0]!r}: {os.strerror(e.errno) if e.errno else e}"))
       return
     os.close(slave)
     _OURS.add(process.pid)
