@@ -47,7 +47,7 @@ _NEUTRAL = {"parameter", "constant", "bitcast", "reshape", "broadcast", "get-tup
             "tuple", "iota"}
 _CUSTOM_MATMUL = re.compile(r"matmul|gemm|dot|onednn", re.IGNORECASE)
 
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)\Z")
 _OPCODE = re.compile(r"(?:^|\s)([a-z][a-z0-9\-]*)\(")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _CALLS = re.compile(r"\bcalls=%?([\w.\-]+)")

@@ -35,8 +35,8 @@ def volume_claims(config) -> list[dict]:
   return claims
 
 
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-_FOLDER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+_FOLDER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
 def weights_job(config, repo_id: str, folder: str, *, revision: str = "") -> dict:

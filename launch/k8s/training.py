@@ -29,7 +29,7 @@ from launch.k8s import env_service
 from launch.k8s import sglang
 
 COMPONENT = "training"
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?\Z")
 # An Indexed Job's pod hostname is "<job>-<index>", which must stay a 63-character DNS label.
 _MAX_JOB_NAME = 56
 

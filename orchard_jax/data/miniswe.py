@@ -42,7 +42,7 @@ KNOWN_FORMATS = ("mini-swe-agent-1", "mini-swe-agent-1.1")
 TRAJ_SUFFIX = ".traj.json"
 _ORCHARD = "orchard"
 _SYNTHESISED = "wrapper_synthesised"  # info/config keys were made up at export, not imported
-_ATTEMPT_DIR = re.compile(r"^attempt_(\d+)$")
+_ATTEMPT_DIR = re.compile(r"^attempt_(\d+)\Z")
 # Trajectory fields stored under info["orchard"] (messages, exit_status, submission and the
 # task id have mini-swe-agent homes of their own).
 _ORCHARD_FIELDS = ("trajectory_id", "attempt", "session_id", "tools", "outcome", "rewards",

@@ -33,7 +33,7 @@ MAX_STDIN_BYTES = 64 << 20
 MAX_PATCH_BYTES = 64 << 20
 MAX_COMMAND_BYTES = 1 << 20
 MAX_ARGS = 1 << 16
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?$")
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?\Z")
 _RESERVED_DIRS = ("/proc", "/dev", "/sys", "/.orchard")
 
 Seconds = Annotated[float, pydantic.Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 MAX_ENDPOINTS = 16
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _SCHEMES = ("http", "https", "tcp")
-_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)\Z")
 _OWN_ADDRESS = "127.0.100.{}"   # inside address of the N-th non-loopback endpoint (local)
 
 

@@ -17,7 +17,7 @@ import hashlib
 import re
 from typing import Iterable, Mapping, Optional, Union
 
-_TENANT = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+_TENANT = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?\Z")
 ADMIN_TENANT = "admin"
 
 

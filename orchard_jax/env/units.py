@@ -14,7 +14,7 @@ from typing import Optional, Union
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$")
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)\Z")
 MAX_BYTES = 2**60
 MIN_CPU = 0.01                    # the smallest cpu.max quota the kernel takes (1 ms / 100 ms)
 MAX_CPU = 4096.0
@@ -122,7 +122,7 @@ def check_text(value: str, what: str, *, nul: bool = False, max_len: int = 1 << 
   return value
 
 
-_ENV_NAME = re.compile(r"^[^=\x00]+$")
+_ENV_NAME = re.compile(r"^[^=\x00]+\Z")
 
 
 def check_env(env: dict, what: str = "env", *, max_total: int = 1 << 20) -> dict:

@@ -45,7 +45,7 @@ SPLITS = ("eval", "train")
 DEFAULT_USER = {"name": "Alex Kim", "email": "alex@example.com", "timezone": "UTC"}
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 EVAL_DIR = os.path.join(DATA_DIR, "eval")
-_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,127}$")
+_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,127}\Z")
 _TOP_KEYS = {"id", "split", "category", "services", "tools", "user", "now", "instruction",
              "fixtures", "faults", "grader", "solutions", "max_steps", "notes", "template"}
 

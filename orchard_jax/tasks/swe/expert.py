@@ -85,7 +85,7 @@ class _Hunk:
   section: str           # the text after the second @@ (enclosing def/class)
 
 
-_HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@ ?(.*)$")
+_HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@ ?(.*)\Z")
 
 
 def _hunks(patch: str) -> list[_Hunk]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 import re
 
-_SECTION = re.compile(r"^_{3,} (.+?) _{3,}$")
-_SUMMARY = re.compile(r"^={3,} .*(short test summary|passed|failed|error).*={3,}$", re.I)
+_SECTION = re.compile(r"^_{3,} (.+?) _{3,}\Z")
+_SUMMARY = re.compile(r"^={3,} .*(short test summary|passed|failed|error).*={3,}\Z", re.I)
 _MAX_TESTS = 3
 _MAX_ERROR_LINES = 8
 

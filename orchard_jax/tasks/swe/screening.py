@@ -67,7 +67,7 @@ RUNNER_MODULES = RUNNER_CORE_MODULES | frozenset({
     "hypothesis", "_hypothesis_pytestplugin", "exceptiongroup", "tomli", "packaging"})
 SITE_HOOK_FILES = frozenset({"sitecustomize.py", "usercustomize.py"})
 _TOP_LEVEL_ROOTS = ("", "src", "lib")
-_TEST_NAME = re.compile(r"^(test_.*|.*_test|tests?)\.py$")
+_TEST_NAME = re.compile(r"^(test_.*|.*_test|tests?)\.py\Z")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +285,7 @@ def screen_patch(patch: str, layout: TestLayout,
 
 # Files that hold more than pytest's settings, and the section headers pytest reads in them.
 SHARED_CONFIG_FILES = frozenset({"setup.cfg", "tox.ini", "pyproject.toml"})
-_RUNNER_SECTION = re.compile(r"^\s*\[\s*(pytest|tool:pytest|tool\.pytest(\.[\w.-]+)?)\s*\]\s*$",
+_RUNNER_SECTION = re.compile(r"^\s*\[\s*(pytest|tool:pytest|tool\.pytest(\.[\w.-]+)?)\s*\]\s*\Z",
                              re.I)
 _ANY_SECTION = re.compile(r"^\s*\[")
 
@@ -371,7 +371,7 @@ _SUSPICIOUS = [
                                   r"|ORCHARD_")),
 ]
 _EQ_DEF = re.compile(r"^\s*def\s+(__eq__|__ne__|__contains__|__bool__)\s*\(")
-_CONSTANT_RETURN = re.compile(r"^\s*return\s+(True|False)\s*(#.*)?$")
+_CONSTANT_RETURN = re.compile(r"^\s*return\s+(True|False)\s*(#.*)?\Z")
 
 
 def suspicious_code(patch: str, layout: TestLayout) -> list[Finding]:

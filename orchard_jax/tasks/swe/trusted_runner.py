@@ -49,8 +49,8 @@ SCRIPTS_DIR = "/tmp/orchard_eval/grader"
 # pytest's exit statuses (pytest.ExitCode) that mean the run itself went wrong.
 _INTERRUPTED, _INTERNAL_ERROR, _USAGE_ERROR = 2, 3, 4
 _SEVERITY = {"PASSED": 0, "XFAIL": 1, "SKIPPED": 2, "XPASS": 3, "FAILED": 4, "ERROR": 5}
-_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
-_FLAG_OPTIONS = re.compile(r"^-[bBdEiOqRsSuvIP]+$")
+_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?\Z")
+_FLAG_OPTIONS = re.compile(r"^-[bBdEiOqRsSuvIP]+\Z")
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 

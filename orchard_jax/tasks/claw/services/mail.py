@@ -19,7 +19,7 @@ from .core import (BadArguments, Conflict, NotFound, Operation, Service, array, 
 FOLDERS = ("inbox", "sent", "drafts", "archive", "trash")
 MOVABLE = ("inbox", "archive", "trash")
 DEFAULT_USER = "alex@example.com"
-_ADDRESS_RE = re.compile(r"^\s*(?:\"?([^\"<]*?)\"?\s*<([^>]+)>|([^<>\s]+))\s*$")
+_ADDRESS_RE = re.compile(r"^\s*(?:\"?([^\"<]*?)\"?\s*<([^>]+)>|([^<>\s]+))\s*\Z")
 
 _EMAIL = {"type": "string", "format": "email"}
 _EMAILS = {"type": "array", "items": _EMAIL}

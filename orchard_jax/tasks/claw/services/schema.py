@@ -23,7 +23,7 @@ from . import timeutil
 
 _EMAIL_RE = re.compile(r"^[^@\s<>(),;:\"\[\]]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+$")
-_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 _TYPE_NAMES = {"string": "a string", "integer": "an integer", "number": "a number",
                "boolean": "a boolean", "array": "an array", "object": "an object",
                "null": "null"}

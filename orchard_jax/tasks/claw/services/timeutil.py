@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - Python < 3.9
 UTC = dt.timezone.utc
 WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")
 FREQUENCIES = ("DAILY", "WEEKLY", "MONTHLY", "YEARLY")
-_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}\Z")
 _DATETIME_RE = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,6}))?)?"
     r"(Z|z|[+-]\d{2}:?\d{2})?$")
@@ -197,7 +197,7 @@ def _positive(text: str, name: str) -> int:
 
 
 def _parse_until(text: str, tz: str) -> dt.datetime:
-  compact = re.match(r"^(\d{4})(\d{2})(\d{2})(?:T(\d{2})(\d{2})(\d{2})(Z?))?$", text)
+  compact = re.match(r"^(\d{4})(\d{2})(\d{2})(?:T(\d{2})(\d{2})(\d{2})(Z?))?\Z", text)
   try:
     if compact:
       y, m, d = int(compact.group(1)), int(compact.group(2)), int(compact.group(3))

@@ -18,8 +18,8 @@ TODAY = "2026-12-01"
 DAYS = 14
 TIMES = tuple(f"{h}:{m:02d}" for h in range(17, 22) for m in (0, 30))
 MAX_PARTY = 10
-_EMAIL = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}$")
-_PHONE = re.compile(r"^\+?[0-9][0-9 ()-]{6,}$")
+_EMAIL = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\Z")
+_PHONE = re.compile(r"^\+?[0-9][0-9 ()-]{6,}\Z")
 DEFAULT_BOOKINGS = [
     {"ref": "TV-1001", "date": "2026-12-04", "time": "19:00", "party": 2, "name": "Sam Patel",
      "email": "sam@example.test", "phone": "555 0101", "requests": "", "status": "confirmed"},

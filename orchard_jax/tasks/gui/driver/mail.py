@@ -15,7 +15,7 @@ from .web import Request, Response, Site, esc, redirect
 
 USER_NAME, USER_ADDRESS = "Jordan Lee", "jordan@mail.test"
 FOLDERS = ("inbox", "starred", "sent", "trash")
-_ADDRESS = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}$")
+_ADDRESS = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\Z")
 
 # (id, from name, from address, subject, date, body)
 _INBOX = [
